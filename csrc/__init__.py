@@ -1,0 +1,1 @@
+"""Native kernels. Each op has a pure-torch reference in the library; loaded through one module."""

@@ -1,0 +1,188 @@
+"""The one typed configuration: a TOML or YAML file, overridden by ``KVSTORE_*`` variables.
+
+Environment overrides use ``__`` for nesting and JSON for lists, e.g.::
+
+    KVSTORE_MODEL_ID=meta-llama/Llama-3.1-8B
+    KVSTORE_LAYOUT__BLOCK_SIZE=32
+    KVSTORE_STORE__WRITE_POLICY=write_through
+    KVSTORE_TIERS='[{"kind": "host", "capacity": "8GiB", "policy": "s3fifo"}]'
+
+Environment beats file beats defaults. Any bad value raises :class:`ConfigError` whose message
+names the field, the value given and what is allowed. Only this module reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from kvstore.errors import ConfigError, KVStoreError
+from kvstore.layout import DTYPE_SIZES, KVLayout
+
+DType = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"]
+assert set(DType.__args__) == set(DTYPE_SIZES)  # type: ignore[attr-defined]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LayoutConfig(_Strict):
+    """The model's KV shape. Defaults are Llama-3-8B's (32 layers, 8 KV heads of 128, bf16)."""
+
+    num_layers: PositiveInt = 32
+    num_kv_heads: PositiveInt = 8
+    head_dim: PositiveInt = 128
+    block_size: int = Field(16, ge=1, le=65535)
+    dtype: DType = "bfloat16"
+
+    def build(self) -> KVLayout:
+        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+
+
+def _check_policy(spec: str) -> str:
+    from kvstore.policy import make_policy
+
+    try:
+        make_policy(spec, 1)
+    except KVStoreError as exc:
+        raise ValueError(exc.message) from None
+    return spec
+
+
+class HostTierConfig(_Strict):
+    """Host memory: one slab of page slots, pinned when CUDA is present."""
+
+    kind: Literal["host"] = "host"
+    name: str = "host"
+    capacity: ByteSize = Field(ByteSize(1 << 30), description="bytes, e.g. '8GiB'")
+    policy: str = "lru"
+    pin_memory: Literal["auto"] | bool = "auto"
+
+    _v_policy = field_validator("policy")(_check_policy)
+
+    def tier_kwargs(self) -> dict[str, Any]:
+        return {"pin_memory": None if self.pin_memory == "auto" else self.pin_memory}
+
+
+TierConfig = HostTierConfig
+
+
+class StoreConfig(_Strict):
+    write_policy: Literal["write_through", "write_back", "selective"] = "write_back"
+    selective_hits: PositiveInt = 2
+    promote_on_hit: bool = True
+    lease_ttl_s: PositiveFloat = 30.0
+    prefetch_workers: int = Field(2, ge=1, le=64)
+
+
+class KVStoreConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    model_id: str = Field("default", min_length=1)
+    tenant_salt: str = ""
+    layout: LayoutConfig = LayoutConfig()
+    store: StoreConfig = StoreConfig()
+    tiers: list[TierConfig] = Field(default_factory=lambda: [HostTierConfig()], min_length=1)
+
+    @model_validator(mode="after")
+    def _tiers_fit(self) -> KVStoreConfig:
+        page = self.layout.build().page_bytes
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        for i, t in enumerate(self.tiers):
+            if t.capacity < page:
+                raise ValueError(
+                    f"tiers.{i}.capacity: {t.capacity.human_readable()} holds no page of "
+                    f"{ByteSize(page).human_readable()} for this layout"
+                )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs; the environment must win over them.
+        return (env_settings, init_settings)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, *, overrides: Mapping[str, Any] | None = None
+) -> KVStoreConfig:
+    """Read ``path`` (``.toml``, ``.yaml``/``.yml``; None for defaults), apply ``overrides``
+    and ``KVSTORE_*`` variables, validate. Raises ConfigError naming every bad field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_file(Path(path))
+    if overrides:
+        data.update(overrides)
+    try:
+        return KVStoreConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(
+            "invalid kvstore configuration:\n" + _describe(exc),
+            hint=f"fix the field(s) named above in {path or 'the environment'}",
+        ) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(raw.decode())
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(raw) or {}
+        else:
+            raise ConfigError(
+                f"config file {path} must end in .toml, .yaml or .yml", hint="rename the file"
+            )
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except ImportError:  # pragma: no cover - pyyaml is a dependency
+        raise ConfigError("YAML config needs pyyaml installed") from None
+    except Exception as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        given = err.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {given!r:.80})"
+        lines.append(f"  {loc}: {err['msg']}{shown}")
+    return "\n".join(lines)

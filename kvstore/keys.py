@@ -1,0 +1,180 @@
+"""Namespaces and block keys (key spec v1; the README documents it with a test vector).
+
+Namespace seed (16 bytes)::
+
+    seed = xxh3_128( b"kvstore-ns/v1\\0"
+                     || layout.fingerprint                       (8 bytes)
+                     || u32le(len(model_id)) || model_id (UTF-8)
+                     || u32le(len(salt))     || salt     (UTF-8) )
+
+Block keys, one per *full* block of ``block_size`` tokens (a trailing partial block gets none)::
+
+    key[-1] = seed
+    key[i]  = xxh3_128( key[i-1] || int32le(tokens[i*B : (i+1)*B]) )
+
+``xxh3_128`` is XXH3-128 with seed 0 and its canonical (big-endian) 16-byte digest. There is no
+per-process state: the same namespace and tokens give the same keys in every process on every
+machine. Because each key covers its parent, key *i* names the whole prefix ``tokens[:(i+1)*B]``
+in that namespace.
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvstore.errors import InvalidArgument
+from kvstore.layout import KVLayout
+
+KEY_BYTES = 16
+_MAX_TOKEN_ID = 2**31 - 1
+_h128 = xxhash.xxh3_128_digest
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Who may see a page: a model, a page layout and a tenant salt (set by the operator or
+    gateway, never by end users; pages of two salts are invisible to each other)."""
+
+    model_id: str
+    layout: KVLayout
+    tenant_salt: str = ""
+    seed: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise InvalidArgument(
+                f"model_id must be a non-empty string, got {self.model_id!r}",
+                hint="name the model, e.g. 'meta-llama/Llama-3.1-8B'",
+            )
+        if not isinstance(self.tenant_salt, str):
+            raise InvalidArgument(f"tenant_salt must be a string, got {self.tenant_salt!r}")
+        model = self.model_id.encode()
+        salt = self.tenant_salt.encode()
+        material = b"".join(
+            (
+                b"kvstore-ns/v1\0",
+                self.layout.fingerprint,
+                struct.pack("<I", len(model)),
+                model,
+                struct.pack("<I", len(salt)),
+                salt,
+            )
+        )
+        object.__setattr__(self, "seed", _h128(material))
+
+    @property
+    def id(self) -> bytes:
+        """The 16-byte namespace id carried in every record header (the seed)."""
+        return self.seed
+
+    def chain(self, token_ids: Any) -> BlockChain:
+        """Keys of every full block of ``token_ids``."""
+        data = token_bytes(token_ids)
+        return BlockChain(self, data, chain_keys(self.seed, data, self.layout.block_size))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockMeta:
+    """The full identity of one stored block; what a record header carries besides the layout."""
+
+    namespace_id: bytes
+    key: bytes
+    parent: bytes
+    token_ids: bytes  # block_size int32 little-endian
+
+    def verify_chain(self) -> bool:
+        """True when ``key`` really is the hash of ``parent`` and ``token_ids``."""
+        return _h128(self.parent + self.token_ids) == self.key
+
+
+@dataclass(frozen=True, slots=True)
+class BlockChain:
+    """The keys of a token sequence's full blocks, with what is needed to rebuild each block's
+    :class:`BlockMeta` (so a page can be written as a verifiable record)."""
+
+    namespace: Namespace
+    data: bytes  # int32le token ids of the full blocks only
+    keys: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.keys) * self.namespace.layout.block_size
+
+    def meta(self, i: int) -> BlockMeta:
+        step = self.namespace.layout.block_size * 4
+        parent = self.keys[i - 1] if i > 0 else self.namespace.seed
+        return BlockMeta(
+            self.namespace.seed, self.keys[i], parent, self.data[i * step : (i + 1) * step]
+        )
+
+    def metas(self, start: int = 0, stop: int | None = None) -> list[BlockMeta]:
+        stop = len(self.keys) if stop is None else stop
+        return [self.meta(i) for i in range(start, stop)]
+
+
+def chain_keys(seed: bytes, data: bytes, block_size: int) -> list[bytes]:
+    """Chained keys over ``data`` (int32le token ids); trailing partial block ignored."""
+    if len(seed) != KEY_BYTES:
+        raise InvalidArgument(f"namespace seed must be {KEY_BYTES} bytes, got {len(seed)}")
+    step = block_size * 4
+    end = len(data) - len(data) % step
+    keys: list[bytes] = []
+    parent = seed
+    for off in range(0, end, step):
+        parent = _h128(parent + data[off : off + step])
+        keys.append(parent)
+    return keys
+
+
+def token_bytes(token_ids: Any) -> bytes:
+    """Token ids (list, tuple, array, numpy or CPU torch tensor of ints) -> int32le bytes.
+
+    Raises InvalidArgument for negative ids, ids that do not fit int32, non-integers or a
+    non-1-D input.
+    """
+    if isinstance(token_ids, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(
+            "token_ids must be a sequence of ints, not raw bytes",
+            hint="pass a list or a 1-D integer array of token ids",
+        )
+    if hasattr(token_ids, "numpy") and hasattr(token_ids, "device"):  # torch.Tensor
+        token_ids = token_ids.detach().cpu().numpy()
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.ndim != 1 or not np.issubdtype(token_ids.dtype, np.integer):
+            raise InvalidArgument(
+                f"token_ids must be a 1-D integer array, got shape {token_ids.shape} "
+                f"dtype {token_ids.dtype}"
+            )
+        if token_ids.size and (token_ids.min() < 0 or token_ids.max() > _MAX_TOKEN_ID):
+            raise InvalidArgument(
+                f"token ids must lie in [0, {_MAX_TOKEN_ID}], got range "
+                f"[{token_ids.min()}, {token_ids.max()}]"
+            )
+        return np.ascontiguousarray(token_ids, dtype="<i4").tobytes()
+    if not isinstance(token_ids, Sequence) and not isinstance(token_ids, array.array):
+        raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+    try:
+        arr = array.array("i", token_ids)
+    except (TypeError, OverflowError) as exc:
+        raise InvalidArgument(
+            f"token ids must be ints in [0, {_MAX_TOKEN_ID}]: {exc}",
+            hint="check the tokenizer output",
+        ) from None
+    if arr and min(arr) < 0:
+        raise InvalidArgument(f"token ids must be >= 0, got {min(arr)}")
+    if arr.itemsize != 4:  # pragma: no cover - every supported platform has a 4-byte C int
+        return np.asarray(arr, dtype="<i4").tobytes()
+    if sys.byteorder == "big":  # pragma: no cover
+        arr.byteswap()
+    return arr.tobytes()

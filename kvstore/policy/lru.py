@@ -1,0 +1,61 @@
+"""Least-recently-used eviction."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from kvstore.policy.base import EvictionPolicy, IsPinned, Key, never_pinned
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently used first.
+
+    Victim order: tracked keys by the time of their last ``insert`` or ``access``, oldest first.
+    Pinned keys are skipped in place (they keep their recency) and the scan goes on to the next
+    oldest key.
+
+    Cost: ``insert``/``access``/``remove`` O(1); ``evict`` O(victims + pinned keys skipped).
+    """
+
+    name = "lru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        # Oldest first; the value is unused.
+        self._order: OrderedDict[Key, None] = OrderedDict()
+
+    def insert(self, key: Key, parent: Key | None = None) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+        else:
+            self._order[key] = None
+
+    def access(self, key: Key) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def remove(self, key: Key) -> None:
+        self._order.pop(key, None)
+
+    def evict(self, n: int, is_pinned: IsPinned = never_pinned) -> list[Key]:
+        victims: list[Key] = []
+        if n <= 0:
+            return victims
+        for key in self._order:  # no mutation while iterating: collect, then delete
+            if not is_pinned(key):
+                victims.append(key)
+                if len(victims) == n:
+                    break
+        for key in victims:
+            del self._order[key]
+        return victims
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._order)

@@ -1,0 +1,275 @@
+"""The tier seam: one interface for HBM, host, disk and Redis.
+
+A tier is a slot allocator of fixed-size pages of one :class:`KVLayout`. :class:`Tier` is a
+template: its public methods validate arguments, time and count every call, and translate
+failures; a concrete tier implements only the ``_contains / _read / _write / _delete`` hooks
+(and ``_keys`` / ``_meta`` / ``_used``).
+
+Contract of the public methods (batch operations on lists of keys; keys are 16-byte ``bytes``):
+
+* ``contains(keys) -> list[bool]`` — whether each key is stored. ``count_leading(keys)`` — how many
+  leading keys are stored (stops at the first absent one).
+* ``read(namespace_id, keys, outs) -> list[bool]`` — copies each stored page into the caller's
+  buffer ``outs[i]`` (a writable 1-D uint8 numpy array of ``page_bytes``) and returns which were
+  read. A page that fails verification is dropped from the tier, counted as ``corrupt`` and
+  reported False: a buffer whose flag is False holds unspecified bytes and must not be used.
+* ``write(metas, pages) -> list[bool]`` — stores each page (read-only 1-D uint8 arrays of
+  ``page_bytes``) under ``metas[i].key``, replacing any page of that key. False means refused
+  (tier full, medium error); it is counted, never raised. The tier does not evict: the store
+  decides what to evict and calls ``delete`` first.
+* ``delete(keys) -> int`` — removes the keys; absent keys are ignored; returns how many existed.
+* ``meta(key) -> BlockMeta | None`` — the stored identity of a page (used to write it to another
+  tier); ``keys()`` — every stored key (for rebuilding policy state after a warm restart).
+
+Every public method is thread-safe. Argument errors raise :class:`InvalidArgument` before anything
+changes. Tiers never read the environment; their settings arrive through the constructor.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from kvstore.errors import InvalidArgument, TierUnavailable
+from kvstore.keys import KEY_BYTES, BlockMeta
+from kvstore.layout import KVLayout
+from kvstore.metrics import Metrics, TierStats
+
+
+class Tier(ABC):
+    #: Registry name of the implementation ("host", "disk", "redis", "hbm").
+    kind: ClassVar[str] = ""
+
+    def __init__(
+        self, name: str, layout: KVLayout, capacity_pages: int, metrics: Metrics | None = None
+    ) -> None:
+        if capacity_pages < 1:
+            raise InvalidArgument(
+                f"tier {name!r} holds {capacity_pages} pages of {layout.page_bytes} bytes",
+                hint="raise the tier's capacity to at least one page",
+            )
+        self.name = name
+        self.layout = layout
+        self.capacity_pages = capacity_pages
+        self.metrics = metrics if metrics is not None else Metrics()
+        m = self.metrics
+        self._m_hit = m.pages.labels(name, "read", "hit")
+        self._m_miss = m.pages.labels(name, "read", "miss")
+        self._m_stored = m.pages.labels(name, "write", "stored")
+        self._m_refused = m.pages.labels(name, "write", "refused")
+        self._m_deleted = m.pages.labels(name, "delete", "deleted")
+        self._m_bytes_in = m.bytes.labels(name, "in")
+        self._m_bytes_out = m.bytes.labels(name, "out")
+        self._m_lat = {op: m.latency.labels(name, op) for op in ("contains", "read", "write", "delete")}
+        m.occupancy.labels(name, "capacity").set(capacity_pages)
+
+    # ----------------------------------------------------------------- public, instrumented
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        _check_keys(keys)
+        if not keys:
+            return []
+        t0 = time.perf_counter()
+        try:
+            return self._contains(keys)
+        except TierUnavailable:
+            self.metrics.errors.labels(self.name, "contains").inc()
+            return [False] * len(keys)
+        finally:
+            self._m_lat["contains"].observe(time.perf_counter() - t0)
+
+    def count_leading(self, keys: Sequence[bytes]) -> int:
+        _check_keys(keys)
+        if not keys:
+            return 0
+        try:
+            return self._count_leading(keys)
+        except TierUnavailable:
+            self.metrics.errors.labels(self.name, "contains").inc()
+            return 0
+
+    def read(
+        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
+    ) -> list[bool]:
+        _check_keys(keys)
+        if len(namespace_id) != KEY_BYTES:
+            raise InvalidArgument(f"namespace id must be {KEY_BYTES} bytes, got {len(namespace_id)}")
+        self._check_buffers(outs, len(keys), writable=True)
+        if not keys:
+            return []
+        t0 = time.perf_counter()
+        try:
+            found = self._read(namespace_id, keys, outs)
+        except TierUnavailable:
+            self.metrics.errors.labels(self.name, "read").inc()
+            found = [False] * len(keys)
+        self._m_lat["read"].observe(time.perf_counter() - t0)
+        hits = sum(found)
+        self._m_hit.inc(hits)
+        self._m_miss.inc(len(keys) - hits)
+        self._m_bytes_out.inc(hits * self.layout.page_bytes)
+        return found
+
+    def write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
+        for meta in metas:
+            if len(meta.key) != KEY_BYTES or len(meta.token_ids) != 4 * self.layout.block_size:
+                raise InvalidArgument(
+                    f"block {meta.key.hex()} carries {len(meta.token_ids) // 4} tokens, "
+                    f"layout block_size is {self.layout.block_size}"
+                )
+        self._check_buffers(pages, len(metas), writable=False)
+        if not metas:
+            return []
+        t0 = time.perf_counter()
+        try:
+            stored = self._write(metas, pages)
+        except TierUnavailable:
+            self.metrics.errors.labels(self.name, "write").inc()
+            stored = [False] * len(metas)
+        self._m_lat["write"].observe(time.perf_counter() - t0)
+        ok = sum(stored)
+        self._m_stored.inc(ok)
+        self._m_refused.inc(len(metas) - ok)
+        self._m_bytes_in.inc(ok * self.layout.page_bytes)
+        self._update_occupancy()
+        return stored
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        _check_keys(keys)
+        if not keys:
+            return 0
+        t0 = time.perf_counter()
+        try:
+            n = self._delete(keys)
+        except TierUnavailable:
+            self.metrics.errors.labels(self.name, "delete").inc()
+            n = 0
+        self._m_lat["delete"].observe(time.perf_counter() - t0)
+        self._m_deleted.inc(n)
+        self._update_occupancy()
+        return n
+
+    def meta(self, key: bytes) -> BlockMeta | None:
+        return self._meta(key)
+
+    def keys(self) -> Iterator[bytes]:
+        return self._keys()
+
+    @property
+    def used_pages(self) -> int:
+        return self._used()
+
+    @property
+    def free_pages(self) -> int:
+        return max(0, self.capacity_pages - self._used())
+
+    def stats(self) -> TierStats:
+        v = self.metrics.value
+        n = self.name
+        return TierStats(
+            name=n,
+            kind=self.kind,
+            capacity_pages=self.capacity_pages,
+            used_pages=self._used(),
+            page_bytes=self.layout.page_bytes,
+            hits=int(v("kvstore_tier_pages_total", tier=n, op="read", result="hit")),
+            misses=int(v("kvstore_tier_pages_total", tier=n, op="read", result="miss")),
+            writes=int(v("kvstore_tier_pages_total", tier=n, op="write", result="stored")),
+            writes_refused=int(v("kvstore_tier_pages_total", tier=n, op="write", result="refused")),
+            deletes=int(v("kvstore_tier_pages_total", tier=n, op="delete", result="deleted")),
+            bytes_read=int(v("kvstore_tier_bytes_total", tier=n, direction="out")),
+            bytes_written=int(v("kvstore_tier_bytes_total", tier=n, direction="in")),
+            evictions=int(v("kvstore_tier_evictions_total", tier=n)),
+            errors=sum(
+                int(v("kvstore_tier_errors_total", tier=n, op=op))
+                for op in ("contains", "read", "write", "delete")
+            ),
+            corrupt=int(
+                sum(
+                    s.value
+                    for metric in self.metrics.corrupt.collect()
+                    for s in metric.samples
+                    if s.name.endswith("_total") and s.labels.get("tier") == n
+                )
+            ),
+        )
+
+    def close(self) -> None:
+        """Release the medium. Idempotent. Default: nothing to release."""
+
+    # ----------------------------------------------------------------- for implementations
+
+    def count_corrupt(self, reason: str) -> None:
+        self.metrics.corrupt.labels(self.name, reason).inc()
+
+    def count_eviction(self, n: int = 1) -> None:
+        self.metrics.evictions.labels(self.name).inc(n)
+
+    def _update_occupancy(self) -> None:
+        self.metrics.occupancy.labels(self.name, "used").set(self._used())
+
+    def _count_leading(self, keys: Sequence[bytes]) -> int:
+        n = 0
+        for present in self._contains(keys):
+            if not present:
+                break
+            n += 1
+        return n
+
+    @abstractmethod
+    def _contains(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    @abstractmethod
+    def _read(
+        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
+    ) -> list[bool]: ...
+
+    @abstractmethod
+    def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]: ...
+
+    @abstractmethod
+    def _delete(self, keys: Sequence[bytes]) -> int: ...
+
+    @abstractmethod
+    def _meta(self, key: bytes) -> BlockMeta | None: ...
+
+    @abstractmethod
+    def _keys(self) -> Iterator[bytes]: ...
+
+    @abstractmethod
+    def _used(self) -> int: ...
+
+    # ----------------------------------------------------------------- validation
+
+    def _check_buffers(self, bufs: Sequence[np.ndarray], n: int, *, writable: bool) -> None:
+        if len(bufs) != n:
+            raise InvalidArgument(f"{n} keys but {len(bufs)} page buffers")
+        nbytes = self.layout.page_bytes
+        for i, buf in enumerate(bufs):
+            if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
+                raise InvalidArgument(
+                    f"page buffer {i} must be a 1-D uint8 numpy array, got "
+                    f"{type(buf).__name__} {getattr(buf, 'dtype', '')} {getattr(buf, 'shape', '')}",
+                    hint="convert pages with kvstore.buffers.page_views()",
+                )
+            if buf.nbytes != nbytes:
+                raise InvalidArgument(
+                    f"page buffer {i} is {buf.nbytes} bytes, the layout's pages are {nbytes}"
+                )
+            if not buf.flags.c_contiguous:
+                raise InvalidArgument(f"page buffer {i} is not contiguous")
+            if writable and not buf.flags.writeable:
+                raise InvalidArgument(f"page buffer {i} is read-only; reads need writable buffers")
+
+
+def _check_keys(keys: Sequence[bytes]) -> None:
+    for key in keys:
+        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+            raise InvalidArgument(
+                f"block keys must be {KEY_BYTES}-byte bytes, got {key!r:.60}",
+                hint="compute keys with Namespace.chain()",
+            )

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv in the checkout and install kvstore with its test dependencies.
+# On a machine without an NVIDIA GPU it installs the CPU build of PyTorch (torch==2.13.0), never
+# the multi-GB CUDA build. On a GPU machine it installs the default (CUDA) torch build; set
+# KVSTORE_TORCH_SPEC (e.g. "torch==2.13.0") to choose another, or KVSTORE_SKIP_TORCH=1 to keep
+# a torch that the venv already has.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip >/dev/null
+if [ "${KVSTORE_SKIP_TORCH:-0}" != "1" ]; then
+    if [ -n "${KVSTORE_TORCH_SPEC:-}" ]; then
+        spec="$KVSTORE_TORCH_SPEC"
+    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        spec="torch>=2.4"
+    else
+        spec="torch==2.13.0"
+    fi
+    "$VPY" -m pip install -q "$spec"
+fi
+"$VPY" -m pip install -q -e ".[test]"
