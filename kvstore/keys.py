@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import array
 import struct
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,16 +164,16 @@ def token_bytes(token_ids: Any) -> bytes:
     if not isinstance(token_ids, Sequence) and not isinstance(token_ids, array.array):
         raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     try:
-        arr = array.array("i", token_ids)
+        # 'I' (unsigned) rejects negative ids and non-integers in C, without a Python loop.
+        arr = array.array("I", token_ids)
     except (TypeError, OverflowError) as exc:
         raise InvalidArgument(
             f"token ids must be ints in [0, {_MAX_TOKEN_ID}]: {exc}",
             hint="check the tokenizer output",
         ) from None
-    if arr and min(arr) < 0:
-        raise InvalidArgument(f"token ids must be >= 0, got {min(arr)}")
     if arr.itemsize != 4:  # pragma: no cover - every supported platform has a 4-byte C int
-        return np.asarray(arr, dtype="<i4").tobytes()
-    if sys.byteorder == "big":  # pragma: no cover
-        arr.byteswap()
-    return arr.tobytes()
+        return token_bytes(np.asarray(arr, dtype=np.int64))
+    view = np.frombuffer(arr, dtype=np.uint32)
+    if view.size and int(view.max()) > _MAX_TOKEN_ID:
+        raise InvalidArgument(f"token ids must lie in [0, {_MAX_TOKEN_ID}], got {int(view.max())}")
+    return view.astype("<u4", copy=False).tobytes()

@@ -33,7 +33,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -46,7 +46,7 @@ from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
-from kvstore.tiers.base import Tier
+from kvstore.tiers.base import Tier, check_keys
 
 WritePolicy = Literal["write_through", "write_back", "selective"]
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "selective")
@@ -65,6 +65,7 @@ class TieredStore:
         lease_ttl_s: float = 30.0,
         prefetch_workers: int = 2,
         metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not tiers:
             raise InvalidArgument("a store needs at least one tier")
@@ -96,6 +97,7 @@ class TieredStore:
         self.promote_on_hit = promote_on_hit
         self.lease_ttl_s = lease_ttl_s
         self.metrics = metrics if metrics is not None else tiers[0].metrics
+        self._clock = clock  # injectable so tests can expire leases without sleeping
         self._by_name = {t.name: i for i, t in enumerate(tiers)}
         self._lock = threading.RLock()
         self._pins: dict[bytes, int] = {}
@@ -121,14 +123,20 @@ class TieredStore:
         With ``lease=True`` the hit pages are pinned (never evicted) until :meth:`release` or
         until ``lease_ttl_s`` passes, so a load that follows cannot race eviction.
         """
-        _check_keys(keys)
+        check_keys(keys)
         t0 = time.perf_counter()
         tiers: list[str] = []
         pos, n = 0, len(keys)
         while pos < n:
-            for tier in self.tiers:
+            for ti, tier in enumerate(self.tiers):
                 run = tier.count_leading(keys[pos:])
                 if run:
+                    if ti:  # hand back the part of the run that a faster tier also holds
+                        window = keys[pos : pos + run]
+                        for faster in self.tiers[:ti]:
+                            held = faster.contains(window)
+                            run = next((i for i, h in enumerate(held) if h), run)
+                            window = window[:run]
                     tiers.extend([tier.name] * run)
                     pos += run
                     break
@@ -164,7 +172,7 @@ class TieredStore:
     def _new_lease(self, keys: tuple[bytes, ...]) -> Lease:
         with self._lock:
             self._expire_leases()
-            held = Lease(next(self._lease_ids), keys, time.monotonic() + self.lease_ttl_s)
+            held = Lease(next(self._lease_ids), keys, self._clock() + self.lease_ttl_s)
             self._leases[held.id] = held
             heapq.heappush(self._lease_heap, (held.expires_at, held.id))
             for k in keys:
@@ -173,7 +181,7 @@ class TieredStore:
             return held
 
     def _expire_leases(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
             _, lease_id = heapq.heappop(heap)
@@ -298,7 +306,7 @@ class TieredStore:
         fastest tier that holds it. Buffers of keys reported not found hold unspecified bytes.
         With ``lease``, the lease is released afterwards (also when the read fails)."""
         try:
-            _check_keys(keys)
+            check_keys(keys)
             if len(namespace_id) != KEY_BYTES:
                 raise InvalidArgument(f"namespace id must be {KEY_BYTES} bytes")
             views = page_views(out, self.layout, len(keys), writable=True)
@@ -360,7 +368,7 @@ class TieredStore:
     def prefetch(self, namespace_id: bytes, keys: Sequence[bytes], *, to: str | None = None) -> Future[int]:
         """Copy ``keys`` held in slower tiers into tier ``to`` (default: the fastest) in the
         background. The future yields how many leading keys ``to`` holds when done."""
-        _check_keys(keys)
+        check_keys(keys)
         ti = self._tier_index(to)
         keys = list(keys)
         return self._executor.submit(self._prefetch, namespace_id, keys, ti)
@@ -389,7 +397,7 @@ class TieredStore:
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove keys from every tier. Returns how many tier copies were deleted."""
-        _check_keys(keys)
+        check_keys(keys)
         n = 0
         with self._lock:
             for ti, tier in enumerate(self.tiers):
@@ -471,17 +479,6 @@ class TieredStore:
 
 def _scratch(n: int, page_bytes: int) -> list[np.ndarray]:
     return list(np.empty((n, page_bytes), dtype=np.uint8))
-
-
-def _check_keys(keys: Sequence[bytes]) -> None:
-    if isinstance(keys, (bytes, str)):
-        raise InvalidArgument("keys must be a sequence of 16-byte keys, not a single key")
-    for k in keys:
-        if not isinstance(k, bytes) or len(k) != KEY_BYTES:
-            raise InvalidArgument(
-                f"block keys must be {KEY_BYTES}-byte bytes, got {k!r:.60}",
-                hint="compute keys with Namespace.chain()",
-            )
 
 
 def _check_metas(metas: Sequence[BlockMeta], layout: KVLayout) -> None:

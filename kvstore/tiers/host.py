@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import threading
+from itertools import takewhile
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -78,13 +79,7 @@ class HostTier(Tier):
         return [k in index for k in keys]
 
     def _count_leading(self, keys: Sequence[bytes]) -> int:
-        index = self._index
-        n = 0
-        for k in keys:
-            if k not in index:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self._index.__contains__, keys)))
 
     def _read(
         self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]

@@ -1,0 +1,63 @@
+"""Arrows point down: kvstore imports no connector/runtime/server code and no transport library;
+the public surface is pinned."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvstore
+
+ROOT = Path(__file__).parents[2]
+FORBIDDEN_IN_CORE = {"connector", "runtime", "server", "fastapi", "grpc", "starlette", "uvicorn"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_core_imports_point_down() -> None:
+    bad = {
+        str(p.relative_to(ROOT)): sorted(_imports(p) & FORBIDDEN_IN_CORE)
+        for p in (ROOT / "kvstore").rglob("*.py")
+        if _imports(p) & FORBIDDEN_IN_CORE
+    }
+    assert bad == {}
+
+
+def test_connector_does_not_import_server_or_runtime() -> None:
+    bad = {
+        str(p.relative_to(ROOT)): sorted(_imports(p) & {"server", "runtime"})
+        for p in (ROOT / "connector").rglob("*.py")
+        if _imports(p) & {"server", "runtime"}
+    }
+    assert bad == {}
+
+
+def test_public_surface() -> None:
+    assert set(kvstore.__all__) == {
+        "FORMAT_VERSION", "BlockChain", "BlockMeta", "ConfigError", "EvictionPolicy", "GetResult",
+        "InvalidArgument", "KVLayout", "KVStoreConfig", "KVStoreError", "Lease", "LeaseError",
+        "LookupResult", "Metrics", "Namespace", "PutResult", "RecordError", "StoreStats", "Tier",
+        "TierStats", "TierUnavailable", "TieredStore", "UnknownComponent", "available_policies",
+        "build_namespace", "build_store", "chain_keys", "load_config", "make_policy",
+        "token_bytes",
+    }
+    for name in kvstore.__all__:
+        assert hasattr(kvstore, name)
+
+
+def test_only_config_reads_the_environment() -> None:
+    readers = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "kvstore").rglob("*.py")
+        if "os.environ" in p.read_text() or "getenv" in p.read_text()
+    ]
+    assert readers == []  # config reads it through pydantic-settings
