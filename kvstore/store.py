@@ -6,9 +6,10 @@ has its own :class:`EvictionPolicy`.
 
 Invariants (``check_integrity`` asserts them):
 
-1. Every key a tier's policy tracks is stored in that tier, and ``len(policy) <= capacity``.
-   (A tier may hold keys its policy does not track only transiently — between a write and its
-   ``insert`` — or when another process wrote them, as in a shared Redis.)
+1. ``len(policy) <= capacity``, and every key a tier's policy tracks is stored in that tier —
+   except in a shared tier (Redis), where other nodes delete pages; the store learns of that
+   on the next read. A tier may hold keys its policy does not track transiently (between a
+   write and its ``insert``) or when another process wrote them.
 2. A pinned key (held by an unexpired lease) is never chosen as a victim.
 3. A page's bytes come only from a tier read of that exact key and namespace: the store never
    returns a buffer whose read reported a miss.
@@ -442,6 +443,8 @@ class TieredStore:
             for tier, policy in zip(self.tiers, self.policies):
                 assert len(policy) <= policy.capacity, f"{tier.name}: policy over capacity"
                 assert tier.used_pages <= tier.capacity_pages, f"{tier.name}: over capacity"
+                if tier.shared:
+                    continue  # other nodes delete its pages; the policy learns on the next read
                 tracked = list(policy)
                 held = tier.contains(tracked) if tracked else []
                 lost = [k.hex() for k, h in zip(tracked, held) if not h]

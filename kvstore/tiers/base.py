@@ -43,6 +43,11 @@ from kvstore.metrics import Metrics, TierStats
 class Tier(ABC):
     #: Registry name of the implementation ("host", "disk", "redis", "hbm").
     kind: ClassVar[str] = ""
+    #: True when other processes or nodes add and remove this tier's pages (a shared Redis).
+    #: Such a tier's ``keys()`` yields only what this process may adopt (possibly nothing), its
+    #: contents can change under the store, and it does not refuse writes past
+    #: ``capacity_pages`` — that is this node's budget, enforced by the store's policy.
+    shared: ClassVar[bool] = False
 
     def __init__(
         self, name: str, layout: KVLayout, capacity_pages: int, metrics: Metrics | None = None

@@ -65,6 +65,20 @@ class HostTier(Tier):
         self._zombies: set[int] = set()  # unlinked slots still being read
         self._free = list(range(capacity_pages - 1, -1, -1))
 
+    @property
+    def slab_tensor(self):  # noqa: ANN201 - torch is imported lazily
+        """The slab as a ``(capacity_pages, page_bytes)`` uint8 torch tensor sharing its memory
+        (pinned when ``self.pinned``), for DMA transfers to and from the GPU."""
+        import torch
+
+        return torch.from_numpy(self._slab)
+
+    def slot_of(self, key: bytes) -> int | None:
+        """The slot index holding ``key``, or None. The caller must hold a lease on ``key``
+        while it uses the slot (the store never evicts a leased page)."""
+        with self._lock:
+            return self._index.get(key)
+
     def slot_view(self, key: bytes) -> np.ndarray | None:
         """The slab row holding ``key`` (zero-copy), or None. For the daemon's shared-memory data
         path; the caller must hold a lease on ``key`` while it uses the view."""

@@ -1,12 +1,11 @@
 """The tier conformance suite runs against every tier kind listed in ``TIER_FACTORIES``.
 
-A factory takes (layout, capacity_pages, tmp_path, metrics) and returns an opened tier; a tier
-issue adds its kind here (starting whatever real server or directory it needs)."""
+A factory takes (layout, capacity_pages, request, metrics) and returns an opened tier, starting
+whatever real server or directory it needs through the request's fixtures."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,22 +13,31 @@ from kvstore import KVLayout, Metrics
 from kvstore.tiers import Tier
 from kvstore.tiers.host import HostTier
 
-Factory = Callable[[KVLayout, int, Path, Metrics], Tier]
+pytest_plugins = ["tests.redis_servers"]
+
+Factory = Callable[[KVLayout, int, pytest.FixtureRequest, Metrics], Tier]
 
 
-def _host(layout: KVLayout, capacity: int, _tmp: Path, metrics: Metrics) -> Tier:
-    return HostTier("host", layout, capacity, metrics)
+def _host(layout: KVLayout, capacity: int, _req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
+    return HostTier("host", layout, capacity, metrics, pin_memory=False)
 
 
-TIER_FACTORIES: dict[str, Factory] = {"host": _host}
+def _redis(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
+    from kvstore.tiers.redis import RedisTier
+
+    server = req.getfixturevalue("redis_server")
+    return RedisTier("redis", layout, capacity, metrics, url=server.url, timeout_s=2.0)
+
+
+TIER_FACTORIES: dict[str, Factory] = {"host": _host, "redis": _redis}
 
 
 @pytest.fixture(params=sorted(TIER_FACTORIES))
-def make_tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Tier]]:
+def make_tier(request: pytest.FixtureRequest) -> Iterator[Callable[..., Tier]]:
     opened: list[Tier] = []
 
     def make(layout: KVLayout, capacity: int = 16, metrics: Metrics | None = None) -> Tier:
-        tier = TIER_FACTORIES[request.param](layout, capacity, tmp_path, metrics or Metrics())
+        tier = TIER_FACTORIES[request.param](layout, capacity, request, metrics or Metrics())
         opened.append(tier)
         return tier
 

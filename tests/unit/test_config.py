@@ -80,8 +80,8 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ('[store]\nwrite_policy = "write_around"', "store.write_policy", "write_through"),
         ('[layout]\nnum_layers = 0', "layout.num_layers", "greater than 0"),
         ('[layout]\ndtype = "float64"', "layout.dtype", "bfloat16"),
-        ('[[tiers]]\nkind = "host"\npolicy = "mru"', "tiers.0.policy", "lineage"),
-        ('[[tiers]]\nkind = "host"\ncapacity = "lots"', "tiers.0.capacity", "byte"),
+        ('[[tiers]]\nkind = "host"\npolicy = "mru"', "tiers.0.host.policy", "lineage"),
+        ('[[tiers]]\nkind = "host"\ncapacity = "lots"', "tiers.0.host.capacity", "byte"),
         ('[[tiers]]\nkind = "host"\ncapacity = "1KiB"', "tiers.0.capacity", "holds no page"),
         ('[[tiers]]\nkind = "tape"', "tiers.0", "host"),
         ('[store]\nlease_ttl_s = -1', "store.lease_ttl_s", "greater than 0"),
@@ -119,3 +119,29 @@ def test_bad_files(tmp_path: Path, name: str, text: str, match: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_redis_tier_settings_are_validated(tmp_path: Path) -> None:
+    ok = load_config(write(tmp_path, "r.toml", """
+[[tiers]]
+kind = "host"
+capacity = "1GiB"
+[[tiers]]
+kind = "redis"
+url = "redis://127.0.0.1:6390/0"
+password = "s3cret"
+capacity = "8GiB"
+policy = "lineage"
+ttl_s = 3600
+"""))
+    redis = ok.tiers[1]
+    assert redis.kind == "redis" and redis.tier_kwargs()["password"] == "s3cret"
+    assert "s3cret" not in ok.model_dump_json()  # secrets never print
+    for text, field in [
+        ('url = "redis://u:pw@h:1/0"', "password"),
+        ('url = "http://h:1"', "redis://"),
+        ('cluster_nodes = ["h:1"]\nurl = "redis://h:1"', "exactly one"),
+        ('url = "redis://h:1"\ntimeout_s = 0', "timeout_s"),
+    ]:
+        with pytest.raises(ConfigError, match=field):
+            load_config(write(tmp_path, "bad.toml", f'[[tiers]]\nkind = "redis"\n{text}\n'))

@@ -1,0 +1,245 @@
+"""``bench.tiers`` for the Redis tier: put/get GB/s of pages against raw redis-py, same server.
+
+What is measured, in one run, on one server, with the same 2 MiB pages (Llama-3-8B layout: 32
+layers, 8 KV heads, head_dim 128, 16-token blocks, bf16) in batches of ``batch`` pages:
+
+* ``kvstore`` — ``RedisTier.write`` / ``RedisTier.read`` (records with verified headers, checksums
+  computed on put and checked on get, pages read into the caller's buffers);
+* the baseline — raw redis-py (with hiredis) ``SET`` / ``GET`` of the same page bytes, the way a
+  user would write it, in both usual styles: a pipeline per batch of the same size, and a plain
+  loop of single commands. The baseline value is the *faster* of the two in this run (each is
+  also printed as its own line, without a ratio).
+
+Rounds interleave the contenders (one pass over all batches each, in a rotating order), so a
+noisy neighbour slows all of them alike; each figure is total page bytes over total time across
+rounds. Gets use the same server-side data for every contender: the tier's records and the raw
+blobs are written once before timing. Without ``url`` a private redis-server
+(``--save "" --appendonly no``) is started on a free loopback port and stopped afterwards; with
+``url`` the bench writes under a random key prefix there and deletes its keys afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+BENCH = "tiers"
+
+
+def measure(args: Any) -> list[dict[str, Any]]:
+    """Measurement dicts (BENCHMARKS.md convention, without ``machine``)."""
+    quick = bool(getattr(args, "quick", False))
+    url = getattr(args, "url", None)
+    with _server(url) as server_url:
+        return _measure(server_url, quick=quick)
+
+
+def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
+    import redis
+
+    from kvstore.keys import Namespace
+    from kvstore.layout import KVLayout
+    from kvstore.tiers.redis import RedisTier
+
+    layout = KVLayout(32, 8, 128, 16, "bfloat16")
+    batch = 16 if quick else 32
+    n_batches = 2 if quick else 4
+    rounds = 6 if quick else 12
+    n = batch * n_batches
+    prefix = f"kvbench-{uuid.uuid4().hex[:8]}"
+    ns = Namespace("bench/llama-3-8b", layout)
+    chain = ns.chain(np.arange(n * layout.block_size, dtype=np.int64) % 128_000)
+    metas = chain.metas()
+    pages = _bf16_pages(n, layout.page_bytes)
+    outs = np.empty_like(pages)
+    page_list = list(pages)
+    out_list = list(outs)
+    raw_names = [f"{prefix}-raw:{i}".encode() for i in range(n)]
+    batches = [range(b * batch, (b + 1) * batch) for b in range(n_batches)]
+
+    tier = RedisTier("redis", layout, n, url=url, key_prefix=prefix, timeout_s=30.0)
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    try:
+
+        def ours_put() -> None:
+            for r in batches:
+                ok = tier.write(metas[r.start : r.stop], page_list[r.start : r.stop])
+                assert all(ok), "kvstore put refused pages"
+
+        def ours_get() -> None:
+            for r in batches:
+                ok = tier.read(ns.id, chain.keys[r.start : r.stop], out_list[r.start : r.stop])
+                assert all(ok), "kvstore get missed pages"
+
+        def raw_put_pipe() -> None:
+            for r in batches:
+                pipe = client.pipeline(transaction=False)
+                for i in r:
+                    pipe.set(raw_names[i], memoryview(pages[i]))
+                pipe.execute()
+
+        def raw_put_loop() -> None:
+            for i in range(n):
+                client.set(raw_names[i], memoryview(pages[i]))
+
+        def raw_get_pipe() -> None:
+            for r in batches:
+                pipe = client.pipeline(transaction=False)
+                for i in r:
+                    pipe.get(raw_names[i])
+                got = pipe.execute()
+                assert all(v is not None for v in got)
+
+        def raw_get_loop() -> None:
+            for i in range(n):
+                assert client.get(raw_names[i]) is not None
+
+        puts = {"kvstore": ours_put, "pipeline": raw_put_pipe, "loop": raw_put_loop}
+        gets = {"kvstore": ours_get, "pipeline": raw_get_pipe, "loop": raw_get_loop}
+        for fn in (*puts.values(), *gets.values()):  # warm up: connections, allocator, keys
+            fn()
+        assert np.array_equal(outs, pages), "kvstore returned other bytes than it stored"
+        put_s = _interleaved(puts, rounds)
+        get_s = _interleaved(gets, rounds)
+    finally:
+        _cleanup(client, tier, chain.keys, raw_names)
+        tier.close()
+        client.close()
+
+    nbytes = rounds * n * layout.page_bytes
+    lines = []
+    for case, times, cmd in (("redis/put", put_s, "SET"), ("redis/get", get_s, "GET")):
+        gbs = {k: nbytes / t / 1e9 for k, t in times.items()}
+        base = max(gbs["pipeline"], gbs["loop"])
+        lines.append(_line(case, "kvstore", gbs["kvstore"], f"raw redis-py {cmd}", base))
+        lines.append(_line(case, f"raw redis-py {cmd} pipeline ({batch}/batch)", gbs["pipeline"]))
+        lines.append(_line(case, f"raw redis-py {cmd} loop", gbs["loop"]))
+    return lines
+
+
+def _interleaved(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    total = dict.fromkeys(fns, 0.0)
+    names = list(fns)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            t0 = time.perf_counter()
+            fns[name]()
+            total[name] += time.perf_counter() - t0
+    return total
+
+
+def _line(
+    case: str, variant: str, value: float, baseline: str | None = None, base: float | None = None
+) -> dict[str, Any]:
+    return {
+        "bench": BENCH,
+        "case": case,
+        "variant": variant,
+        "metric": "throughput",
+        "value": value,
+        "unit": "GB/s",
+        "baseline": baseline,
+        "baseline_value": base,
+        "ratio": value / base if base else None,
+    }
+
+
+def _bf16_pages(n: int, page_bytes: int) -> np.ndarray:
+    """KV-like bytes: normal values with per-channel scales, rounded to bfloat16."""
+    rng = np.random.default_rng(0)
+    vals = rng.standard_normal(n * page_bytes // 2, dtype=np.float32)
+    vals *= np.exp(rng.standard_normal(1024, dtype=np.float32) * 0.5).repeat(
+        len(vals) // 1024 + 1
+    )[: len(vals)]
+    bf16 = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    return bf16.view(np.uint8).reshape(n, page_bytes)
+
+
+def _cleanup(client: Any, tier: Any, keys: list[bytes], raw_names: list[bytes]) -> None:
+    try:
+        tier.delete(keys)
+        for i in range(0, len(raw_names), 256):
+            client.delete(*raw_names[i : i + 256])
+    except Exception as exc:  # noqa: BLE001 - a failed cleanup must not hide the results
+        print(f"bench.tiers_redis: cleanup failed: {exc}", file=sys.stderr)
+
+
+@contextmanager
+def _server(url: str | None) -> Generator[str, None, None]:
+    if url:
+        yield url
+        return
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("bench.tiers redis: redis-server is not installed; pass a URL instead")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="kvbench-redis-")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--logfile", os.path.join(workdir, "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_ready(port, proc)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError("redis-server exited at start")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("redis-server did not start")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.common import add_standard_args, emit_json, measurement, print_table
+
+    parser = add_standard_args(argparse.ArgumentParser(prog="python -m bench.tiers_redis"))
+    parser.add_argument("--url", default=None, help="use this redis server instead of starting one")
+    args = parser.parse_args(argv)
+    lines = [
+        measurement(BENCH, d["case"], d["variant"], d["metric"], d["value"], d["unit"],
+                    baseline=d["baseline"], baseline_value=d["baseline_value"])
+        for d in measure(args)
+    ]
+    if args.json:
+        emit_json(lines)
+        return
+    heads = [m for m in lines if m.ratio is not None]
+    print_table(
+        ("case", "variant", "GB/s", "baseline", "baseline GB/s", "ratio"),
+        [(m.case, m.variant, m.value, m.baseline, m.baseline_value, m.ratio) for m in lines],
+        title="redis tier vs raw redis-py (same server, same pages, same run)",
+        headline="  ".join(f"{m.case}: {m.ratio:.2f}x raw redis-py" for m in heads),
+    )
+
+
+if __name__ == "__main__":
+    main()

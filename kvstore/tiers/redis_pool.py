@@ -1,0 +1,288 @@
+"""Connections to one Redis server, and the pipelined exchange that every Redis tier call runs.
+
+:class:`ServerPool` keeps idle connections to one server (host:port), its circuit breaker and
+its counters. Connections are redis-py ``Connection`` objects — redis-py does the TCP/TLS
+connect and the handshake (AUTH with an ACL user, SELECT) — whose socket is then driven by
+:class:`~kvstore.tiers.redis_resp.RespIO`. A connection goes back to the idle list only after a
+call consumed every reply it asked for; after any I/O error or timeout it is closed, because its
+stream position is unknown.
+
+:func:`run_exchange` sends one batch of commands to each server involved (all servers first,
+then the replies are read round-robin), so a batch costs one round trip per server, not one per
+key. Replies are consumed in order by a handler that may read a value straight into the caller's
+buffer. Large-value reads keep at most ``window`` commands in flight per server, so a batch of
+hundreds of pages never parks hundreds of MiB in the server's output buffer.
+
+Failure handling, per server and per call:
+
+* every wait for a server is bounded by ``wait_s``, and the whole call by ``deadline``;
+* a connection failure (refused, reset, closed: a restarted server, a stale pooled socket) is
+  retried up to ``retries`` times with exponential backoff, only for the commands not yet
+  answered, and only while the deadline allows; a timeout is not retried (the budget is spent);
+* the server's breaker records one success or one failure per call, and while it is open the
+  server is skipped at once (its items are reported as failed without any I/O).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.exceptions
+
+from kvstore.tiers.redis_breaker import BreakerState, CircuitBreaker
+from kvstore.tiers.redis_resp import ProtocolError, RespIO
+
+#: Errors that mean "the server did not answer properly"; anything else is a bug and propagates.
+NET_ERRORS: tuple[type[BaseException], ...] = (OSError, redis.exceptions.ConnectionError,
+                                               redis.exceptions.TimeoutError)
+_NOT_RETRIED: tuple[type[BaseException], ...] = (TimeoutError, socket.timeout,
+                                                 redis.exceptions.TimeoutError,
+                                                 redis.exceptions.AuthenticationError,
+                                                 ProtocolError)
+_FLUSH_BYTES = 256 * 1024  # send what was built once this much is pending
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """A snapshot of one server's counters, as seen by this tier instance."""
+
+    server: str
+    breaker: BreakerState
+    #: Pipelined exchanges started with this server (one per call touching it, plus retries).
+    exchanges: int
+    #: Calls that failed (unreachable, timed out, broken stream) after their retries.
+    failures: int
+    #: Calls answered at once because the breaker was open.
+    rejected: int
+    #: Times the breaker opened.
+    trips: int
+
+
+class Link:
+    """One connected redis-py connection and the RESP I/O over its socket."""
+
+    __slots__ = ("conn", "io")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.io = RespIO(conn._sock)
+
+
+class ServerPool:
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], Any],
+        breaker: CircuitBreaker,
+        *,
+        max_idle: int = 8,
+    ) -> None:
+        self.name = name
+        self.breaker = breaker
+        self._factory = factory
+        self._max_idle = max_idle
+        self._idle: list[Link] = []
+        self._lock = threading.Lock()
+        self.exchanges = 0
+        self.failures = 0
+        self.rejected = 0
+
+    def acquire(self, deadline: float, connect_timeout_s: float) -> Link:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        budget = min(connect_timeout_s, deadline - time.monotonic())
+        if budget <= 0:
+            raise TimeoutError("no time left to connect to redis")
+        conn = self._factory()
+        # Bound the TCP connect and the handshake (AUTH, SELECT) by what is left of the call.
+        conn.socket_connect_timeout = budget
+        conn.socket_timeout = budget
+        try:
+            conn.connect()
+        except BaseException:
+            conn.disconnect()
+            raise
+        return Link(conn)
+
+    def release(self, link: Link) -> None:
+        if link.io.pending():  # unread bytes: the stream is out of sync
+            self.discard(link)
+            return
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(link)
+                return
+        self.discard(link)
+
+    @staticmethod
+    def discard(link: Link) -> None:
+        # Closing a broken socket may fail; it is gone either way.
+        with contextlib.suppress(Exception):
+            link.conn.disconnect()
+
+    def drop_idle(self) -> None:
+        """Close every idle connection (after one failed: the others are likely stale too)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for link in idle:
+            self.discard(link)
+
+    def stats(self) -> ServerStats:
+        return ServerStats(self.name, self.breaker.state, self.exchanges, self.failures,
+                           self.rejected, self.breaker.trips)
+
+    def close(self) -> None:
+        self.drop_idle()
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What one call sends and how it reads the answers.
+
+    ``build(item)`` returns the buffers of item's command; ``handle(io, item)`` consumes exactly
+    one reply and returns True when the item must be re-routed (a cluster MOVED/ASK answer).
+    ``window``: most commands in flight per server (None: send everything at once).
+    """
+
+    build: Callable[[int], Sequence[Any]]
+    handle: Callable[[RespIO, int], bool]
+    window: int | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    failed: list[int]  # items whose server was unavailable (no answer)
+    moved: list[int]  # items answered with MOVED/ASK
+
+
+class _Flow:
+    __slots__ = ("pool", "link", "items", "sent", "done")
+
+    def __init__(self, pool: ServerPool, link: Link, items: list[int]) -> None:
+        self.pool = pool
+        self.link = link
+        self.items = items
+        self.sent = 0
+        self.done = 0
+
+
+def run_exchange(
+    groups: dict[ServerPool, list[int]],
+    ex: Exchange,
+    *,
+    deadline: float,
+    wait_s: float,
+    retries: int,
+    backoff_s: float,
+    connect_timeout_s: float,
+) -> Outcome:
+    """Run one pipelined batch: ``groups`` maps each server to the items it owns. No single
+    wait for a server lasts more than ``wait_s``; nothing runs past ``deadline``."""
+    out = Outcome([], [])
+    todo = groups
+    for attempt in range(retries + 1):
+        rnd = _Round(out, deadline, backoff_s * (1 << attempt), attempt < retries)
+        flows: list[_Flow] = []
+        try:
+            for pool, items in todo.items():
+                if attempt == 0 and not pool.breaker.allow():
+                    pool.rejected += 1
+                    out.failed.extend(items)
+                    continue
+                pool.exchanges += 1
+                try:
+                    link = pool.acquire(deadline, connect_timeout_s)
+                except NET_ERRORS as exc:
+                    rnd.failed(pool, items, exc)
+                    continue
+                link.io.deadline = deadline
+                link.io.wait_s = wait_s
+                flow = _Flow(pool, link, items)
+                try:
+                    _pump(flow, ex)
+                except NET_ERRORS as exc:
+                    pool.discard(link)
+                    rnd.failed(pool, items, exc)
+                    continue
+                flows.append(flow)
+            while flows:  # one reply from each server in turn
+                for flow in list(flows):
+                    try:
+                        item = flow.items[flow.done]
+                        if ex.handle(flow.link.io, item):
+                            out.moved.append(item)
+                        flow.done += 1
+                        if flow.sent < len(flow.items):
+                            _pump(flow, ex)
+                    except NET_ERRORS as exc:
+                        flows.remove(flow)
+                        flow.pool.discard(flow.link)
+                        rnd.failed(flow.pool, flow.items[flow.done :], exc)
+                        continue
+                    if flow.done == len(flow.items):
+                        flows.remove(flow)
+                        flow.pool.release(flow.link)
+                        flow.pool.breaker.success()
+        finally:
+            for flow in flows:  # only non-empty when a handler raised something unexpected
+                flow.pool.discard(flow.link)
+        if not rnd.retry:
+            break
+        time.sleep(min(rnd.delay_s, max(0.0, deadline - time.monotonic())))
+        todo = rnd.retry
+    return out
+
+
+class _Round:
+    """One attempt of an exchange: decides, per failed server, between retry and failure."""
+
+    __slots__ = ("out", "deadline", "delay_s", "may_retry", "retry")
+
+    def __init__(self, out: Outcome, deadline: float, delay_s: float, may_retry: bool) -> None:
+        self.out = out
+        self.deadline = deadline
+        self.delay_s = delay_s
+        self.may_retry = may_retry
+        self.retry: dict[ServerPool, list[int]] = {}
+
+    def failed(self, pool: ServerPool, items: list[int], exc: BaseException) -> None:
+        pool.drop_idle()  # after one failure the other idle connections are likely stale too
+        if (
+            self.may_retry
+            and not isinstance(exc, _NOT_RETRIED)
+            and self.deadline - time.monotonic() > self.delay_s
+        ):
+            self.retry[pool] = items
+        else:
+            pool.failures += 1
+            pool.breaker.failure()
+            self.out.failed.extend(items)
+
+
+def _pump(flow: _Flow, ex: Exchange) -> None:
+    """Send the next commands of ``flow`` (up to its window)."""
+    n = len(flow.items)
+    stop = n if ex.window is None else min(n, flow.done + ex.window)
+    parts: list[Any] = []
+    pending = 0
+    io = flow.link.io
+    while flow.sent < stop:
+        for p in ex.build(flow.items[flow.sent]):
+            parts.append(p)
+            pending += len(p) if isinstance(p, bytes) else memoryview(p).nbytes
+        flow.sent += 1
+        if pending >= _FLUSH_BYTES:
+            io.send(parts)
+            parts, pending = [], 0
+    if parts:
+        io.send(parts)
+
+
+__all__ = ["NET_ERRORS", "Exchange", "Link", "Outcome", "ServerPool", "ServerStats", "run_exchange"]

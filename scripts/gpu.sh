@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: run the `-m gpu` tests and every GPU-relevant bench, and write
+# results under $OUT (the device tool brings them back; copy them to bench/results/).
+# The GPU machine has its own Python and torch and no package index: missing wheels travel in
+# .whl/ (see the device tool's README) and are installed to /tmp/site.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PWD"
+else
+    export PYTHONPATH="$PWD"
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/gpu.txt"
+rc=0
+python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
+for b in "tiers --tier host" "lookup"; do
+    python3 -m bench.$b --json --record 2>/dev/null | tee -a "$OUT/bench.jsonl" || rc=1
+done
+cp bench/results/*.json "$OUT/" 2>/dev/null || true
+exit $rc
