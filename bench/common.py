@@ -61,11 +61,11 @@ def measurement(
 ) -> Measurement:
     """Build a line and its ratio: value/baseline_value when higher is better (throughputs, hit
     ratios), baseline_value/value when lower is better (times). The ratio is None without a
-    baseline and ``inf`` when the divisor is 0 but the dividend is not."""
+    baseline, and when its divisor is 0 (JSON has no infinity)."""
     ratio: float | None = None
     if baseline is not None and baseline_value is not None:
         num, den = (value, baseline_value) if higher_is_better else (baseline_value, value)
-        ratio = num / den if den else (1.0 if num == den else float("inf"))
+        ratio = num / den if den else None
     else:
         baseline = baseline_value = None
     return Measurement(
@@ -102,10 +102,12 @@ def print_table(
     rows: Iterable[Sequence[Any]],
     *,
     title: str = "",
+    footer: Sequence[str] = (),
     headline: str = "",
     out: TextIO | None = None,
 ) -> None:
-    """A plain aligned table; floats to 4 significant digits; ``headline`` printed last."""
+    """A plain aligned table; floats to 4 significant digits; then the ``footer`` lines and the
+    ``headline``, which comes last."""
     out = sys.stdout if out is None else out
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
@@ -115,6 +117,10 @@ def print_table(
     print("  ".join("-" * w for w in widths), file=out)
     for r in cells:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    if footer:
+        print(file=out)
+        for line in footer:
+            print(line, file=out)
     if headline:
         print(file=out)
         print(headline, file=out)

@@ -20,6 +20,7 @@ POLICIES: dict[str, str] = {
     "s3fifo": "kvstore.policy.s3fifo:S3FIFOPolicy",
     "arc": "kvstore.policy.arc:ARCPolicy",
     "lineage": "kvstore.policy.lineage:LineagePolicy",
+    "lineage_arc": "kvstore.policy.lineage_arc:LineageARCPolicy",
 }
 
 __all__ = ["POLICIES", "EvictionPolicy", "available_policies", "make_policy"]

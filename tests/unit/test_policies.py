@@ -17,6 +17,7 @@ from kvstore.policy.arc import ARCPolicy
 from kvstore.policy.fifo import FIFOPolicy
 from kvstore.policy.lfu import LFUPolicy
 from kvstore.policy.lineage import LineagePolicy
+from kvstore.policy.lineage_arc import LineageARCPolicy
 from kvstore.policy.lru import LRUPolicy
 from kvstore.policy.s3fifo import S3FIFOPolicy
 
@@ -325,12 +326,13 @@ def test_exact_reference_on_a_long_sequence(policy: type[EvictionPolicy],
     _replay_against(policy(8), model(), list(_random_ops(seed=11, n=8000, num_keys=NUM_KEYS)))
 
 
+@pytest.mark.parametrize("cls", [LineagePolicy, LineageARCPolicy], ids=["lineage", "lineage_arc"])
 @settings(max_examples=200, deadline=None)
 @given(ops=OPS)
 def test_lineage_never_evicts_an_inner_node_while_an_unpinned_leaf_exists(
-    ops: list[tuple[Any, ...]],
+    cls: type[LineagePolicy] | type[LineageARCPolicy], ops: list[tuple[Any, ...]],
 ) -> None:
-    policy = LineagePolicy(4)
+    policy = cls(4)
     tree = _LineageModel()  # only its tree is used here
     tracked: set[int] = set()
     for op in ops:
@@ -482,6 +484,49 @@ def test_lineage_order() -> None:
     assert len(p) == 0
 
 
+def test_lineage_arc_order_and_adaptation() -> None:
+    p = LineageARCPolicy(4)
+    assert p.p == 0.0
+    p.insert("r")  # a root with no history: probation
+    p.insert("a", "r")  # r is on probation: a too
+    p.access("r")  # r: protected (an inner node)
+    p.insert("b", "r")  # r is protected but not a leaf (a is its child): b on probation
+    assert [p.is_protected(k) for k in "rab"] == [True, False, False]
+    # Probation holds 2 > p = 0 keys: its oldest leaf, a (r is protected and inner). B1: a.
+    assert p.evict(1) == ["a"]
+    p.access("b")  # b: protected
+    p.insert("c", "b")  # extends a protected leaf: protected
+    assert p.is_protected("c")
+    # Probation is empty: the protected leaves are c only (b and r are inner). B2: c.
+    assert p.evict(1) == ["c"]
+    p.insert("a")  # B1 hit: p += max(|B2| / |B1|, 1) = 1; a protected, a root now
+    assert p.p == 1.0 and p.is_protected("a") and p.parent("a") is None
+    p.insert("d")  # probation: d
+    # Probation holds 1, not > p = 1: protected leaves b (last use 5) and a (7): b; r becomes a
+    # leaf with last use 3 and goes next. B2: c b r.
+    assert p.evict(2) == ["b", "r"]
+    p.insert("c")  # B2 hit: p -= max(|B1| / |B2|, 1) = max(0 / 3, 1) -> 0
+    assert p.p == 0.0
+    # Probation (d) is over p, but d is pinned: the other segment's oldest leaf, a.
+    assert p.evict(1, lambda k: k == "d") == ["a"]
+    assert p.evict(2) == ["d", "c"]
+    assert len(p) == 0
+
+
+def test_lineage_arc_falls_back_to_inner_nodes_when_every_leaf_is_pinned() -> None:
+    p = LineageARCPolicy(16)
+    p.insert("r")
+    p.insert("a", "r")
+    p.insert("b", "a")
+    p.access("r")
+    pinned = {"b"}.__contains__
+    # The only leaf is pinned: the LRU unpinned key, a (r was used since); b becomes a root.
+    assert p.evict(1, pinned) == ["a"]
+    assert p.parent("b") is None and p.is_leaf("r")
+    assert p.evict(3, pinned) == ["r"]
+    assert p.evict(1) == ["b"]
+
+
 def test_lineage_falls_back_to_inner_nodes_when_every_leaf_is_pinned() -> None:
     p = LineagePolicy(16)
     p.insert("r")
@@ -562,7 +607,7 @@ class NotAPolicy:
 
 
 def test_registry_names() -> None:
-    assert ALL == sorted(["lru", "fifo", "lfu", "s3fifo", "arc", "lineage"])
+    assert ALL == sorted(["lru", "fifo", "lfu", "s3fifo", "arc", "lineage", "lineage_arc"])
     assert set(POLICIES) == set(ALL)
     for name in ALL:
         policy = make_policy(name, 8)

@@ -47,8 +47,8 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(
         write_policy=st.sampled_from(["write_back", "write_through", "selective"]),
         policies=st.tuples(
-            st.sampled_from(["lru", "fifo", "lfu", "s3fifo", "arc", "lineage"]),
-            st.sampled_from(["lru", "lineage", "s3fifo"]),
+            st.sampled_from(["lru", "fifo", "lfu", "s3fifo", "arc", "lineage", "lineage_arc"]),
+            st.sampled_from(["lru", "lineage", "s3fifo", "lineage_arc"]),
         ),
         sizes=st.tuples(st.integers(2, 6), st.integers(3, 12)),
         promote=st.booleans(),
