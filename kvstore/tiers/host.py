@@ -21,8 +21,8 @@ Guarantees:
 from __future__ import annotations
 
 import threading
-from itertools import takewhile
 from collections.abc import Iterator, Sequence
+from itertools import takewhile
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
+from kvstore.ops import copy_spans
 from kvstore.tiers.base import Tier
 
 
@@ -111,9 +112,13 @@ class HostTier(Tier):
                         self._readers[slot] += 1
                 slots.append(slot)
         try:
-            for slot, out in zip(slots, outs):
-                if slot is not None:
-                    np.copyto(out, self._slab[slot])
+            hits = [(s, out) for s, out in zip(slots, outs) if s is not None]
+            copy_spans(
+                [
+                    (buf, self._slab[start : start + n].reshape(-1))
+                    for start, n, buf in _runs([s for s, _ in hits], [o for _, o in hits])
+                ]
+            )
         finally:
             with self._lock:
                 for slot in slots:
@@ -123,10 +128,13 @@ class HostTier(Tier):
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
         with self._lock:
-            slots = [self._free.pop() if self._free else None for _ in metas]
-        for slot, page in zip(slots, pages):
-            if slot is not None:
-                np.copyto(self._slab[slot], page)
+            n = min(len(metas), len(self._free))
+            # ascending slots, so that a batch lands in as few contiguous runs as possible
+            got = sorted(self._free.pop() for _ in range(n))
+        slots: list[int | None] = [*got, *([None] * (len(metas) - n))]
+        copy_spans(
+            [(self._slab[start : start + k].reshape(-1), buf) for start, k, buf in _runs(got, pages[:n])]
+        )
         with self._lock:
             for slot, meta in zip(slots, metas):
                 if slot is None:
@@ -175,6 +183,40 @@ class HostTier(Tier):
             self._zombies.discard(slot)
             self._metas[slot] = None
             self._free.append(slot)
+
+
+def _runs(
+    slots: Sequence[int], bufs: Sequence[np.ndarray]
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Group (slot, buffer) pairs into runs of consecutive slots whose buffers are also adjacent
+    in memory, yielding (first slot, count, one flat view over the run's buffers): one large
+    copy per run instead of one per page. A batch put from one tensor into a fresh slab is a
+    single run, and large copies run faster (glibc switches to non-temporal stores)."""
+    i, n = 0, len(slots)
+    while i < n:
+        j = i + 1
+        nbytes = bufs[i].nbytes
+        base = bufs[i].ctypes.data
+        while (
+            j < n
+            and slots[j] == slots[i] + (j - i)
+            and bufs[j].ctypes.data == base + (j - i) * nbytes
+            and bufs[j].flags.writeable == bufs[i].flags.writeable
+        ):
+            j += 1
+        if j - i == 1:
+            yield slots[i], 1, bufs[i]
+        else:
+            yield slots[i], j - i, _span(bufs[i], (j - i) * nbytes)
+        i = j
+
+
+def _span(first: np.ndarray, nbytes: int) -> np.ndarray:
+    """A flat uint8 view of ``nbytes`` starting at ``first``'s data, when the buffers that
+    follow it are adjacent in memory (checked by the caller). It shares their memory."""
+    return np.lib.stride_tricks.as_strided(
+        first, shape=(nbytes,), strides=(1,), writeable=first.flags.writeable
+    )
 
 
 def _allocate(nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
