@@ -7,7 +7,7 @@ redis-server on 6379.
 
 Use from a test module::
 
-    pytest_plugins = ["tests.redis_servers"]   # registers the fixtures below
+    # the root conftest.py registers this module as a plugin (pytest_plugins)
 
 Fixtures: ``redis_server`` (a fresh server per test), ``redis_cluster`` (one cluster per module,
 flushed before each test that uses it).

@@ -23,7 +23,6 @@ from kvstore.tiers.host import HostTier
 from kvstore.tiers.redis import RedisTier
 from tests.redis_servers import DelayProxy, RedisServer, free_port
 
-pytest_plugins = ["tests.redis_servers"]
 pytestmark = pytest.mark.timeout(120)
 
 LLAMA = KVLayout(32, 8, 128, 16, "bfloat16")  # 2 MiB pages

@@ -16,7 +16,6 @@ from kvstore.layout import KVLayout
 from kvstore.tiers.redis import RedisTier
 from tests.redis_servers import DelayProxy, RedisServer
 
-pytest_plugins = ["tests.redis_servers"]
 pytestmark = pytest.mark.timeout(120)
 
 LAYOUT = KVLayout(2, 1, 64, 16, "float16")  # 8 KiB pages
