@@ -57,8 +57,8 @@ def _shown(lines: list[dict]) -> list[dict]:
 
 
 def readme_table(readme: str) -> str | None:
-    m = re.search(re.escape(START) + r"\n(.*?)\n" + re.escape(END), readme, re.S)
-    return m.group(1) if m else None
+    m = re.search(re.escape(START) + r"\n(.*?)\n?" + re.escape(END), readme, re.S)
+    return m.group(1).rstrip("\n") if m else None
 
 
 def main() -> None:
@@ -74,7 +74,7 @@ def main() -> None:
     if readme_table(text) is None:
         raise SystemExit(f"README.md lacks the markers {START!r} ... {END!r}")
     new = re.sub(
-        re.escape(START) + r"\n.*?\n" + re.escape(END),
+        re.escape(START) + r"\n.*?\n?" + re.escape(END),
         lambda _m: f"{START}\n{table}\n{END}",
         text,
         flags=re.S,

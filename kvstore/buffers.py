@@ -23,6 +23,24 @@ from kvstore.errors import InvalidArgument
 from kvstore.layout import KVLayout
 
 
+#: Alignment of buffers that go to and from disk without a bounce copy (O_DIRECT needs it).
+ALIGN = 4096
+
+
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised 1-D uint8 array of ``nbytes`` whose address is a multiple of ``align``.
+    Pages in such buffers (and batches of pages whose size is a multiple of ``align``) go to and
+    from disk with no bounce copy."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % align
+    return raw[skip : skip + nbytes]
+
+
+def aligned_pages(n: int, page_bytes: int) -> np.ndarray:
+    """An uninitialised ``(n, page_bytes)`` uint8 array, 4 KiB aligned."""
+    return aligned_empty(n * page_bytes).reshape(n, page_bytes)
+
+
 def page_views(pages: Any, layout: KVLayout, n: int, *, writable: bool) -> list[np.ndarray]:
     """``n`` byte views of ``pages``. ``writable`` asks for buffers a read may fill."""
     if _is_tensor(pages) or isinstance(pages, np.ndarray):

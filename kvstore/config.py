@@ -83,6 +83,38 @@ class HostTierConfig(_Strict):
         return {"pin_memory": None if self.pin_memory == "auto" else self.pin_memory}
 
 
+class DiskTierConfig(_Strict):
+    """NVMe: a preallocated slab of record slots with an LMDB index, in a directory of its own
+    on a local filesystem (see kvstore/tiers/disk.py for the guarantees)."""
+
+    kind: Literal["disk"] = "disk"
+    name: str = "disk"
+    capacity: ByteSize = Field(ByteSize(64 << 30), description="bytes of pages, e.g. '500GiB'")
+    policy: str = "lru"
+    path: Path = Field(description="the tier's own directory (created if missing)")
+    io_threads: int = Field(8, ge=1, le=256, description="parallel preadv/pwritev workers")
+    o_direct: Literal["auto"] | bool = "auto"
+    fsync: bool = Field(True, description="durable across power loss, not only process crashes")
+    preallocate: bool = True
+    allow_network_fs: bool = False
+    check_index: bool = True
+    max_io_bytes: ByteSize = Field(ByteSize(8 << 20), ge=4096, description="bytes per syscall")
+
+    _v_policy = field_validator("policy")(_check_policy)
+
+    def tier_kwargs(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "io_threads": self.io_threads,
+            "o_direct": self.o_direct,
+            "fsync": self.fsync,
+            "preallocate": self.preallocate,
+            "allow_network_fs": self.allow_network_fs,
+            "check_index": self.check_index,
+            "max_io_bytes": int(self.max_io_bytes),
+        }
+
+
 class RedisTierConfig(_Strict):
     """Redis or a Redis Cluster shared by many nodes: pages as verified records.
 
@@ -165,7 +197,9 @@ class RedisTierConfig(_Strict):
         }
 
 
-TierConfig = Annotated[Union[HostTierConfig, RedisTierConfig], Field(discriminator="kind")]
+TierConfig = Annotated[
+    Union[HostTierConfig, DiskTierConfig, RedisTierConfig], Field(discriminator="kind")
+]
 
 
 class StoreConfig(_Strict):

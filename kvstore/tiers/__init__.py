@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 #: kind -> "module:Class"
 TIERS: dict[str, str] = {
     "host": "kvstore.tiers.host:HostTier",
+    "disk": "kvstore.tiers.disk:DiskTier",
     "redis": "kvstore.tiers.redis:RedisTier",
 }
 

@@ -20,6 +20,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Iterator, Sequence
 from itertools import takewhile
@@ -228,5 +229,16 @@ def _allocate(nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
             "pin_memory=True needs CUDA, and torch sees no GPU",
             hint="set the host tier's pin_memory to 'auto' or false",
         )
-    # torch pins memory for us; the numpy view keeps the tensor alive through its ``base``.
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin).numpy(), pin
+    if pin:
+        # CUDA's host allocator page-locks (and page-aligns) the slab; the numpy view keeps the
+        # tensor alive through its ``base``.
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy(), True
+    # Anonymous mmap: page-aligned, so pages go to an O_DIRECT disk tier without a bounce copy,
+    # and backed by huge pages where the kernel allows (fewer TLB misses on big copies).
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # pragma: no cover - kernels without THP
+            pass
+    return np.frombuffer(region, dtype=np.uint8), False

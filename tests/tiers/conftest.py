@@ -28,7 +28,14 @@ def _redis(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics:
     return RedisTier("redis", layout, capacity, metrics, url=server.url, timeout_s=2.0)
 
 
-TIER_FACTORIES: dict[str, Factory] = {"host": _host, "redis": _redis}
+def _disk(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
+    from kvstore.tiers.disk import DiskTier
+
+    tmp = req.getfixturevalue("tmp_path")
+    return DiskTier("disk", layout, capacity, metrics, path=tmp / "disk")
+
+
+TIER_FACTORIES: dict[str, Factory] = {"host": _host, "disk": _disk, "redis": _redis}
 
 
 @pytest.fixture(params=sorted(TIER_FACTORIES))

@@ -1,0 +1,599 @@
+"""Disk tier: a preallocated slab file of fixed-size record slots, read and written with aligned
+O_DIRECT vectored I/O from a bounded thread pool, indexed by LMDB.
+
+Files in the tier's directory::
+
+    LOCK       an exclusive flock while a tier has the directory open (text: the owner's pid)
+    slots.dat  the slab: capacity_pages fixed-size record slots, preallocated (disk_slab.py)
+    index/     the LMDB index, key -> slot, checksum, identity, last access (disk_index.py)
+
+The slot layout and the vectored I/O are in ``disk_slab.py``: a run of adjacent slots (at most
+``max_io_bytes``) moves in one ``preadv``/``pwritev`` straight into (out of) the caller's
+buffers when they are 4096-aligned (else through a counted bounce buffer). Runs go to a pool of
+``io_threads`` workers; meanwhile the calling thread hashes the next run of a write, or verifies
+the runs of a read that are done, so checksums cost no disk time. Where the filesystem refuses
+O_DIRECT (``o_direct="auto"``) the tier logs a warning and uses buffered I/O, same layout.
+
+Guarantees:
+
+* **Ordering.** A write: allocate free slots (never one a committed index entry names) ->
+  pwritev -> fdatasync (``fsync=True``) -> commit the LMDB transaction -> publish in memory, so
+  reads hit. An index entry is committed only after its record's bytes are written. A delete (or
+  a dropped corrupt page) leaves memory at once but its slot is reused only after the LMDB
+  removal commits; a replaced page's old slot is freed by the commit that repoints its key.
+* **Process crash** (SIGKILL, OOM). The page cache survives, so every committed entry names a
+  complete record, with ``fsync`` on or off. Writes that had not committed are forgotten; their
+  slots are free at the next open (orphaned slots are simply slots no entry names).
+* **Power loss.** With ``fsync=True`` the slab is fdatasync'ed before each commit and LMDB
+  syncs each commit (``metasync`` off: the last commit may be undone, which only forgets pages).
+  With ``fsync=False`` the index may name data that never reached the medium, or LMDB may be
+  damaged; reads still verify every record and a damaged index is moved aside at open, so
+  wrong bytes are still never returned, but the cache may come back cold.
+* **Verification.** Every read checks the header (magic, version, header checksum, layout,
+  namespace, key, key chain), that it agrees with the index (checksum, size), and the payload
+  checksum. A failure is a miss; the entry is dropped and counted by reason.
+* **Errors.** A write that meets ENOSPC, EFBIG, EDQUOT, EIO or an index commit failure is
+  refused (False), logged once per condition and counted in ``kvstore_tier_errors_total``;
+  reads keep working and writes resume when space frees (freed slots are reused lowest first).
+* **Concurrency.** ``_lock`` guards the in-memory index, the free heap and reader pins; it is
+  never held during I/O. ``_commit_lock`` serialises LMDB transactions with the in-memory
+  changes they publish, so both see one order of events. A slot being read is pinned: a
+  delete or replacement unlinks it at once but frees it after the last reader, so a read never
+  returns another page's bytes. Last-access times change in memory and reach LMDB with the
+  next commit, or from a background flush at most every ``ATIME_FLUSH_S``.
+* **Safety.** One process and one tier per directory (flock, also within a process). Network
+  filesystems are refused unless ``allow_network_fs``. A damaged index never stops the tier: it
+  is moved aside and the tier starts empty (logged as an error).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import heapq
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Literal
+
+import lmdb
+import numpy as np
+
+from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
+from kvstore.keys import BlockMeta
+from kvstore.layout import KVLayout
+from kvstore.metrics import Metrics
+from kvstore.tiers import disk_io
+from kvstore.tiers.base import Tier
+from kvstore.tiers.disk_index import DiskIndex, IndexEntry
+from kvstore.tiers.disk_io import ALIGN, aligned_empty
+from kvstore.tiers.disk_slab import Slab
+
+log = logging.getLogger("kvstore.tiers.disk")
+
+DEFAULT_MAX_IO_BYTES = 8 << 20
+ATIME_FLUSH_S = 30.0
+_SPACE_ERRNOS = {
+    errno.ENOSPC: "the filesystem is full",
+    errno.EDQUOT: "the disk quota is spent",
+    errno.EFBIG: "the file-size limit is reached",
+    errno.EIO: "an I/O error",
+}
+
+
+class DiskTier(Tier):
+    kind = "disk"
+
+    def __init__(
+        self,
+        name: str,
+        layout: KVLayout,
+        capacity_pages: int,
+        metrics: Metrics | None = None,
+        *,
+        path: str | os.PathLike[str],
+        io_threads: int = 8,
+        o_direct: Literal["auto"] | bool = "auto",
+        fsync: bool = True,
+        preallocate: bool = True,
+        allow_network_fs: bool = False,
+        check_index: bool = True,
+        max_io_bytes: int = DEFAULT_MAX_IO_BYTES,
+    ) -> None:
+        """``path``: the tier's own directory (created if missing). ``io_threads``: parallel
+        I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
+        fall back), True (refuse to start without it) or False. ``fsync``: fdatasync the slab
+        and sync LMDB on every commit (survives power loss; without it only process crashes).
+        ``preallocate``: allocate the whole slab at start. ``allow_network_fs``: run on
+        NFS/CIFS/... anyway. ``check_index``: walk the index in a child process before opening
+        it. ``max_io_bytes``: the most bytes one preadv/pwritev moves."""
+        super().__init__(name, layout, capacity_pages, metrics)
+        what = f"disk tier {name!r}:"
+        if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
+            raise InvalidArgument(f"{what} io_threads must be in [1, 256], got {io_threads!r}")
+        if o_direct not in ("auto", True, False):
+            raise InvalidArgument(f"{what} o_direct must be 'auto', true or false: {o_direct!r}")
+        if max_io_bytes < ALIGN:
+            raise InvalidArgument(f"{what} max_io_bytes must be >= {ALIGN}, got {max_io_bytes}")
+        self.path = Path(path)
+        self.fsync = fsync
+        self._max_io_bytes = max_io_bytes
+        self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+        self._entries: dict[bytes, IndexEntry] = {}
+        self._readers: dict[int, int] = {}
+        self._zombies: set[int] = set()  # unlinked slots still being read
+        self._free: list[int] = []  # heap of free slots below _hwm; slots >= _hwm are all free
+        self._hwm = 0
+        self._pending: list[tuple[bytes, int]] = []  # removed from memory, LMDB removal to commit
+        self._dirty: set[bytes] = set()  # keys whose atime LMDB has not seen
+        self._last_flush = time.monotonic()
+        self._flush_queued = False
+        self._write_failure: str | None = None
+        self._read_failure: str | None = None
+        self._closed = True
+        self._lock_fd = -1
+        self._slab: Slab | None = None
+        self._index: DiskIndex | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        try:
+            self._open(o_direct, preallocate, allow_network_fs, check_index, io_threads)
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+        self._update_occupancy()
+
+    # ----------------------------------------------------------------- open / close
+
+    def _open(
+        self, o_direct: Any, prealloc: bool, allow_nfs: bool, check: bool, threads: int
+    ) -> None:
+        path, layout = self.path, self.layout
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not writable")
+        except OSError as exc:
+            raise ConfigError(
+                f"disk tier {self.name!r}: cannot use directory {path}: {exc.strerror}",
+                hint="point the disk tier's path at a writable local directory",
+            ) from None
+        self.filesystem = disk_io.filesystem_type(path)
+        if disk_io.is_network_filesystem(self.filesystem) and not allow_nfs:
+            raise ConfigError(
+                f"disk tier {self.name!r}: {path} is on a network filesystem ({self.filesystem}); "
+                "its locking and O_DIRECT semantics cannot keep the index consistent",
+                hint="use a local disk, or set the disk tier's allow_network_fs to true",
+            )
+        self._lock_fd = _lock_directory(path)
+        reason = disk_io.probe_o_direct(path) if o_direct is not False else "disabled"
+        if reason is not None and o_direct is True:
+            raise ConfigError(
+                f"disk tier {self.name!r}: {path} ({self.filesystem}) refuses O_DIRECT: {reason}",
+                hint="set the disk tier's o_direct to 'auto' or false, or use another filesystem",
+            )
+        if reason is not None and o_direct == "auto":
+            log.warning(
+                "disk tier %r: %s (%s) refuses O_DIRECT (%s); using buffered I/O through the "
+                "page cache", self.name, path, self.filesystem, reason,
+            )
+        self.o_direct = reason is None
+        self._slab = slab = Slab(
+            path, layout, self.capacity_pages, o_direct=self.o_direct,
+            max_io_bytes=self._max_io_bytes, metrics=self.metrics, tier_name=self.name,
+        )
+        self.slot_bytes = slab.slot_bytes
+        self._index = DiskIndex(
+            path, slab.geometry, block_size=layout.block_size, capacity_pages=self.capacity_pages,
+            sync=self.fsync, check=check,
+        )
+        self._load(self._index.entries)
+        self._index.entries = []
+        try:
+            problem = slab.open(prealloc)
+        except OSError as exc:
+            raise ConfigError(
+                f"disk tier {self.name!r}: cannot open {slab.path}: {exc.strerror}",
+                hint="check the disk tier directory's permissions",
+            ) from None
+        if problem:
+            log.warning("disk tier %r: slab %s: %s", self.name, slab.path, problem)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"kvstore-disk-{self.name}")
+        log.info(
+            "disk tier %r: %s (%s, %s I/O): %d of %d slots hold pages", self.name, path,
+            self.filesystem, "O_DIRECT" if self.o_direct else "buffered", len(self._entries),
+            self.capacity_pages,
+        )
+
+    def _load(self, entries: list[IndexEntry]) -> None:
+        """Rebuild the in-memory index and free heap from the index as opened. Entries past the
+        capacity, of another layout or sharing a slot are dropped; every other slot is free."""
+        fp, page = self.layout.fingerprint, self.layout.page_bytes
+        taken: set[int] = set()
+        drop: list[bytes] = []
+        for e in entries:
+            bad = e.slot >= self.capacity_pages or e.slot in taken
+            if bad or e.layout_fingerprint != fp or e.payload_bytes != page:
+                drop.append(e.meta.key)
+                continue
+            taken.add(e.slot)
+            self._entries[e.meta.key] = e
+        if drop:
+            log.warning("disk tier %r: dropping %d impossible index entries", self.name, len(drop))
+            try:
+                assert self._index is not None
+                self._index.delete(drop)
+            except lmdb.Error as exc:
+                log.error("disk tier %r: cannot drop them from the index: %s", self.name, exc)
+        self._hwm = max(taken) + 1 if taken else 0
+        self._free = [s for s in range(self._hwm) if s not in taken]
+        heapq.heapify(self._free)
+
+    def close(self) -> None:
+        """Flush last-access times and pending removals, close the index and the slab, release
+        the directory. Idempotent; later operations act as if the tier were unavailable."""
+        with self._commit_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        with self._commit_lock:
+            if self._index is not None and (self._dirty or self._pending):
+                try:
+                    self._commit([])
+                except lmdb.Error as exc:
+                    log.warning("disk tier %r: final index flush failed: %s", self.name, exc)
+        self._release()
+
+    def _release(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        if self._index is not None:
+            self._index.close()
+        if self._slab is not None:
+            self._slab.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> DiskTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TierUnavailable(f"disk tier {self.name!r} is closed")
+
+    def _submit(self, fn: Any, *args: Any) -> Future[Any]:
+        assert self._pool is not None
+        try:
+            return self._pool.submit(fn, *args)
+        except RuntimeError:  # the pool was shut down: close() raced this call
+            raise TierUnavailable(f"disk tier {self.name!r} is closed") from None
+
+    # ----------------------------------------------------------------- hooks
+
+    def _contains(self, keys: Sequence[bytes]) -> list[bool]:
+        entries = self._entries
+        return [k in entries for k in keys]
+
+    def _count_leading(self, keys: Sequence[bytes]) -> int:
+        entries = self._entries
+        n = 0
+        for k in keys:
+            if k not in entries:
+                break
+            n += 1
+        return n
+
+    def _meta(self, key: bytes) -> BlockMeta | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.meta
+
+    def _keys(self) -> Iterator[bytes]:
+        """Least recently accessed first, so a policy rebuilt by inserting in this order (the
+        store does so on a warm restart) starts with the right recency."""
+        with self._lock:
+            items = sorted(self._entries.values(), key=lambda e: e.atime)
+        return iter([e.meta.key for e in items])
+
+    def _used(self) -> int:
+        return len(self._entries)
+
+    def slot_of(self, key: bytes) -> int | None:
+        """The slab slot holding ``key`` (record at ``slot * slot_bytes``), or None. For tools
+        and tests that inspect the file."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.slot
+
+    def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
+        self._check_open()
+        n = len(metas)
+        with self._lock:
+            got = [self._alloc() for _ in range(n)]
+        todo = sorted((i for i in range(n) if got[i] is not None), key=lambda i: got[i] or 0)
+        slots = [s or 0 for s in got]
+        stored = [False] * n
+        failure: str | None = None
+        try:
+            failure = self._store(metas, pages, slots, todo, stored)
+        finally:
+            with self._lock:  # slots of refused pages were never published: nobody saw them
+                for i in todo:
+                    if not stored[i]:
+                        heapq.heappush(self._free, slots[i])
+        if todo:
+            self._note_write(failure)
+        return stored
+
+    def _store(
+        self,
+        metas: Sequence[BlockMeta],
+        pages: Sequence[np.ndarray],
+        slots: list[int],
+        todo: list[int],
+        stored: list[bool],
+    ) -> str | None:
+        """Write ``todo`` (indices sorted by slot) into their ``slots``, make them durable,
+        commit and publish them; set ``stored[i]``. Returns what failed, or None."""
+        assert self._slab is not None
+        slab = self._slab
+        checksums: dict[int, int] = {}
+        failure: str | None = None
+        jobs: list[tuple[list[int], list[int], Future[None]]] = []
+        try:
+            for run in slab.runs(todo, slots):  # hash run k+1 here while a worker writes run k
+                hdr, sums = slab.encode_run([(metas[i], pages[i]) for i in run])
+                job = self._submit(slab.write_run, slots[run[0]], hdr, [pages[i] for i in run])
+                jobs.append((run, sums, job))
+        finally:
+            # No slot may be released while a write into it is still queued.
+            wait([job for _, _, job in jobs])
+        for run, sums, job in jobs:
+            exc = job.exception()
+            if exc is None:
+                checksums.update(zip(run, sums))
+            elif isinstance(exc, OSError):
+                failure = _describe(exc)
+            else:
+                raise exc
+        if checksums and self.fsync:
+            try:
+                slab.sync()
+            except OSError as exc:
+                return _describe(exc)
+        if not checksums:
+            return failure
+        now, fp, page = time.time(), self.layout.fingerprint, self.layout.page_bytes
+        puts = [
+            (metas[i].key, IndexEntry(slots[i], checksums[i], metas[i], fp, page, now))
+            for i in sorted(checksums)
+        ]
+        with self._commit_lock:
+            try:
+                self._commit(puts)
+            except lmdb.Error as exc:
+                return f"the index commit failed ({type(exc).__name__}: {exc})"
+            with self._lock:
+                for key, entry in puts:
+                    old = self._entries.get(key)
+                    self._entries[key] = entry
+                    if old is not None:
+                        self._unlink(old.slot)
+        for i in checksums:
+            stored[i] = True
+        return failure
+
+    def _read(
+        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
+    ) -> list[bool]:
+        self._check_open()
+        assert self._slab is not None
+        slab = self._slab
+        found = [False] * len(keys)
+        plan: list[tuple[int, IndexEntry]] = []
+        now = time.time()
+        with self._lock:
+            for i, key in enumerate(keys):
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                if entry.meta.namespace_id != namespace_id:
+                    self.count_corrupt("namespace")
+                    continue
+                self._readers[entry.slot] = self._readers.get(entry.slot, 0) + 1
+                entry.atime = now
+                self._dirty.add(key)
+                plan.append((i, entry))
+        bad: list[tuple[bytes, int, str]] = []
+        failure: str | None = None
+        jobs: list[tuple[list[int], Future[tuple[np.ndarray, int]]]] = []
+        try:
+            plan.sort(key=lambda p: p[1].slot)
+            slot_of = {i: e.slot for i, e in plan}
+            by_index = dict(plan)
+            for run in slab.runs([i for i, _ in plan], slot_of):
+                job = self._submit(slab.read_run, slot_of[run[0]], [outs[i] for i in run])
+                jobs.append((run, job))
+            for run, job in jobs:  # verify run k here while workers read run k+1...
+                try:
+                    hdr, got = job.result()
+                except OSError as exc:
+                    failure = _describe(exc)
+                    continue
+                items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
+                results = slab.verify_run(hdr, got, namespace_id, items)
+                for i, reason in zip(run, results):
+                    if reason is None:
+                        found[i] = True
+                    else:
+                        bad.append((keys[i], by_index[i].slot, reason))
+        finally:
+            wait([job for _, job in jobs])  # no slot is unpinned while it is being read
+            with self._lock:
+                for _, entry in plan:
+                    self._unpin(entry.slot)
+        if plan:
+            self._note_read(failure)
+        for key, slot, reason in bad:
+            self.count_corrupt(reason)
+            self._drop(key, slot)
+        stale = time.monotonic() - self._last_flush > ATIME_FLUSH_S
+        if self._dirty and stale and not self._flush_queued:
+            self._flush_queued = True
+            self._submit(self._flush_atimes)
+        return found
+
+    def _delete(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
+        with self._commit_lock:
+            with self._lock:
+                n = 0
+                for key in keys:
+                    entry = self._entries.pop(key, None)
+                    if entry is not None:
+                        self._pending.append((key, entry.slot))
+                        self._dirty.discard(key)
+                        n += 1
+            if n:
+                try:
+                    self._commit([])
+                except lmdb.Error as exc:
+                    # The pages are gone from memory; their slots stay reserved until a later
+                    # commit removes them from LMDB.
+                    self.metrics.errors.labels(self.name, "delete").inc()
+                    log.error("disk tier %r: index commit of a delete failed: %s", self.name, exc)
+        return n
+
+    # ----------------------------------------------------------------- index bookkeeping
+
+    def _commit(self, puts: list[tuple[bytes, IndexEntry]]) -> None:
+        """One LMDB transaction: pending removals, then dirty last-access times, then ``puts``.
+        Frees the removed slots once it has committed. Called with ``_commit_lock`` held."""
+        assert self._index is not None
+        with self._lock:
+            touched = [(k, self._entries[k]) for k in self._dirty if k in self._entries]
+            self._dirty = set()
+            removed = self._pending
+        self._index.commit(touched + puts, [k for k, _ in removed])
+        self._last_flush = time.monotonic()
+        with self._lock:
+            self._pending = []
+            for _, slot in removed:
+                self._unlink(slot)
+
+    def _drop(self, key: bytes, slot: int) -> None:
+        """Remove ``key`` if it still names ``slot`` (a read found its record damaged)."""
+        with self._commit_lock:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None or entry.slot != slot:
+                    return
+                del self._entries[key]
+                self._dirty.discard(key)
+                self._pending.append((key, slot))
+            try:
+                self._commit([])
+            except lmdb.Error as exc:
+                log.error("disk tier %r: index commit of a dropped page failed: %s", self.name, exc)
+
+    def _flush_atimes(self) -> None:
+        try:
+            with self._commit_lock:
+                if not self._closed:
+                    self._commit([])
+        except lmdb.Error as exc:
+            log.warning("disk tier %r: last-access flush failed: %s", self.name, exc)
+        finally:
+            self._flush_queued = False
+
+    def _alloc(self) -> int | None:
+        if self._free:
+            return heapq.heappop(self._free)
+        if self._hwm < self.capacity_pages:
+            self._hwm += 1
+            return self._hwm - 1
+        return None
+
+    def _unlink(self, slot: int) -> None:
+        if self._readers.get(slot):
+            self._zombies.add(slot)
+        else:
+            heapq.heappush(self._free, slot)
+
+    def _unpin(self, slot: int) -> None:
+        left = self._readers[slot] - 1
+        if left:
+            self._readers[slot] = left
+            return
+        del self._readers[slot]
+        if slot in self._zombies:
+            self._zombies.discard(slot)
+            heapq.heappush(self._free, slot)
+
+    def _note_write(self, failure: str | None) -> None:
+        if failure is None:
+            if self._write_failure is not None:
+                log.warning("disk tier %r: writes succeed again", self.name)
+                self._write_failure = None
+            return
+        self.metrics.errors.labels(self.name, "write").inc()
+        if failure != self._write_failure:
+            self._write_failure = failure
+            log.error(
+                "disk tier %r at %s refuses writes: %s; reads keep working and writes resume "
+                "when space frees (evict pages, free disk space or lower the tier's capacity)",
+                self.name, self.path, failure,
+            )
+
+    def _note_read(self, failure: str | None) -> None:
+        if failure is None:
+            if self._read_failure is not None:
+                log.warning("disk tier %r: reads succeed again", self.name)
+                self._read_failure = None
+            return
+        self.metrics.errors.labels(self.name, "read").inc()
+        if failure != self._read_failure:
+            self._read_failure = failure
+            log.error(
+                "disk tier %r at %s: reads fail: %s; served as misses", self.name, self.path,
+                failure,
+            )
+
+
+def _lock_directory(path: Path) -> int:
+    """Take the directory's exclusive flock (non-blocking) and write our pid into it."""
+    lock_path = path / "LOCK"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise ConfigError(f"cannot lock disk tier directory {path}: {exc.strerror}") from None
+        who = "this process" if holder == str(os.getpid()) else f"process {holder}"
+        raise ConfigError(
+            f"disk tier directory {path} is already open (by {who})",
+            hint="give every disk tier, in every process, its own directory",
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _describe(exc: OSError) -> str:
+    what = _SPACE_ERRNOS.get(exc.errno or 0)
+    text = f"{exc.strerror or exc} (errno {exc.errno})"
+    return f"{what}: {text}" if what else text
+
+
+__all__ = ["ALIGN", "DiskTier", "aligned_empty"]
