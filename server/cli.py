@@ -26,11 +26,17 @@ def demo(
     conversations: Annotated[int, typer.Option(min=1, max=1000)] = 4,
     turns: Annotated[int, typer.Option(min=1, max=100)] = 4,
 ) -> None:
-    """Fill a store with multi-turn chat KV pages, read them back, verify, print stats."""
-    from server.demo import run_demo
+    """Fill a store with multi-turn chat KV pages, read them back, verify, print stats.
 
-    cfg = _load(config)
-    run_demo(cfg, conversations=conversations, turns=turns, console=console)
+    Without --config it runs on an embedded default: a small host tier over a disk tier in a
+    temporary directory, so evictions, write-back and promotion all show."""
+    import tempfile
+
+    from server.demo import demo_overrides, run_demo
+
+    with tempfile.TemporaryDirectory(prefix="kvstore-demo-", dir="/var/tmp") as tmp:
+        cfg = _load(config, overrides=None if config else demo_overrides(tmp))
+        run_demo(cfg, conversations=conversations, turns=turns, console=console)
 
 
 @app.command("config")
@@ -40,9 +46,9 @@ def show_config(config: ConfigOpt = None) -> None:
     console.print_json(cfg.model_dump_json())
 
 
-def _load(path: Optional[Path]):  # noqa: ANN202 - typer needs the plain signature above
+def _load(path: Optional[Path], overrides: Optional[dict] = None):  # noqa: ANN202
     try:
-        return load_config(path)
+        return load_config(path, overrides=overrides)
     except KVStoreError as exc:
         err.print(f"[red]error:[/red] {exc.message}")
         if exc.hint:

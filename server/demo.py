@@ -67,12 +67,15 @@ def run_demo(cfg: KVStoreConfig, *, conversations: int = 4, turns: int = 4, seed
         store.check_integrity()
         stats = store.stats()
     table = Table(title=f"kvstore demo — {cfg.model_id}, pages of {page_bytes / 2**20:.2f} MiB")
-    for col in ("tier", "kind", "used / capacity", "hits", "misses", "writes", "evictions"):
+    for col in ("tier", "kind", "used / capacity", "hits", "misses", "writes", "evictions",
+                "corrupt"):
         table.add_column(col, justify="right")
     for t in stats.tiers:
         table.add_row(t.name, t.kind, f"{t.used_pages} / {t.capacity_pages}", str(t.hits),
-                      str(t.misses), str(t.writes), str(t.evictions))
+                      str(t.misses), str(t.writes), str(t.evictions), str(t.corrupt))
     console.print(table)
+    if stats.copies:
+        console.print("copies between tiers: " + ", ".join(f"{k} {v}" for k, v in stats.copies.items()))
     report = DemoReport(
         prompts=conversations * turns,
         blocks_put=blocks_put,
@@ -89,6 +92,19 @@ def run_demo(cfg: KVStoreConfig, *, conversations: int = 4, turns: int = 4, seed
         f"get {report.get_gbps:.2f} GB/s."
     )
     return report
+
+
+def demo_overrides(disk_dir: str) -> dict:
+    """The embedded default: Llama-3-8B pages (2 MiB), a 48 MiB host tier over a 1 GiB disk
+    tier, write-back, leaf-first ARC eviction."""
+    return {
+        "model_id": "demo/llama-3-8b-shape",
+        "store": {"write_policy": "write_back", "promote_on_hit": True},
+        "tiers": [
+            {"kind": "host", "capacity": "48MiB", "policy": "lineage_arc"},
+            {"kind": "disk", "path": f"{disk_dir}/disk", "capacity": "1GiB", "policy": "lru"},
+        ],
+    }
 
 
 def _history(system: list[int], conv: int, turn: int, block_size: int, seed: int) -> list[int]:

@@ -24,6 +24,17 @@ def test_demo_runs_on_embedded_default() -> None:
     assert "host" in proc.stdout
 
 
+def test_default_demo_uses_host_over_disk() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.cli", "demo", "--conversations", "3", "--turns", "3"],
+        capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "disk" in proc.stdout and "write_back->disk" in proc.stdout
+    assert "verified byte for byte" in proc.stdout
+
+
 def test_bad_config_exits_with_a_named_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[store]\nwrite_policy = "sometimes"\n')
