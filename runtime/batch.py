@@ -1,0 +1,218 @@
+"""Batch metadata for the paged forward pass, built and validated from per-sequence inputs.
+
+A batch is a flattened run of new tokens from several sequences. Sequence ``s`` already has
+``num_cached_tokens[s]`` tokens' K/V in the pool and brings ``num_new_tokens[s]`` new ones (a
+prefill chunk, or one decode token), so its new tokens sit at positions
+``cached .. cached + new - 1``. Token ``p`` of a sequence lives in the pool at::
+
+    block  = block_table[p // block_size]       offset = p % block_size
+    slot   = block * block_size + offset         (flat slot id, unique per pool)
+
+    block_table:  [ b7 | b2 | b9 ]      block_size = 4, cached = 6, new = 3
+    positions:     0 1 2 3 4 5 6 7 8
+                   \\-cached--/ \\new/   -> new tokens go to (b2, 2), (b2, 3), (b9, 0)
+
+:func:`build_batch` validates everything at this boundary (token ids, lengths, block ids, slot
+collisions), so a bad request raises :class:`~kvstore.errors.InvalidArgument` before any tensor is
+created and the KV pool is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvstore.errors import InvalidArgument
+from runtime.config import ModelConfig
+
+#: Which of a sequence's new tokens get logits: the last one, every one, or none (a prefill
+#: chunk that does not finish the prompt).
+LogitsMode = Literal["last", "all", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class SeqInput:
+    """One sequence's part of a batch.
+
+    ``token_ids``: the new tokens (>= 1). ``block_table``: the pool block ids holding this
+    sequence's tokens in order; it must cover ``num_cached_tokens + len(token_ids)`` tokens.
+    ``num_cached_tokens``: tokens whose K/V are already in those blocks (a prefix-cache hit, an
+    earlier prefill chunk, or earlier decode steps).
+    """
+
+    token_ids: Sequence[int]
+    block_table: Sequence[int]
+    num_cached_tokens: int = 0
+    logits: LogitsMode = "last"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMeta:
+    """What attention backends need. ``S`` = num_seqs, ``T`` = num_tokens (all new tokens).
+
+    Tensors (on the batch's device):
+      positions      [T] int64   absolute position of each new token
+      slot_blocks    [T] int64   pool block each new token's K/V is written to
+      slot_offsets   [T] int64   offset inside that block
+      block_tables   [S, max_blocks] int64  each row a sequence's block table, padded with 0
+      logits_indices [num_logits] int64     rows of the flattened tokens that get logits
+    Host-side tuples (length ``S``; ``query_start_loc`` has ``S + 1``): ``num_cached_tokens``,
+    ``num_new_tokens``, ``num_blocks_used`` (blocks covering cached + new tokens),
+    ``query_start_loc`` (sequence ``s``'s new tokens are rows ``[qsl[s], qsl[s+1])``),
+    ``num_logits`` (logits rows per sequence, in order).
+    """
+
+    block_size: int
+    positions: torch.Tensor
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
+    block_tables: torch.Tensor
+    logits_indices: torch.Tensor
+    num_cached_tokens: tuple[int, ...]
+    num_new_tokens: tuple[int, ...]
+    num_blocks_used: tuple[int, ...]
+    query_start_loc: tuple[int, ...]
+    num_logits: tuple[int, ...]
+    max_block_id: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.num_new_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1]
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        """Tokens in the cache per sequence after this step: cached + new."""
+        return tuple(c + n for c, n in zip(self.num_cached_tokens, self.num_new_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Model input: ``input_ids`` [T] int64, and the metadata of those tokens."""
+
+    input_ids: torch.Tensor
+    meta: BatchMeta
+
+
+def build_batch(
+    seqs: Sequence[SeqInput],
+    config: ModelConfig,
+    *,
+    block_size: int,
+    num_blocks: int,
+    device: torch.device | str = "cpu",
+) -> Batch:
+    """Validate ``seqs`` against the model and a pool of ``num_blocks`` blocks of ``block_size``
+    tokens, and build the flattened :class:`Batch`.
+
+    Raises :class:`~kvstore.errors.InvalidArgument` (naming the sequence and the value) for: an
+    empty batch or sequence, a token id outside ``[0, vocab_size)``, a negative cached count, a
+    sequence longer than ``max_position_embeddings``, a block table too short for its tokens, a
+    block id outside ``[0, num_blocks)`` or repeated in one table, and two new tokens of the
+    batch writing the same pool slot.
+    """
+    if not seqs:
+        raise InvalidArgument("a batch needs at least one sequence", hint="pass >= 1 SeqInput")
+    for name, value in (("block_size", block_size), ("num_blocks", num_blocks)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgument(f"{name} must be a positive int, got {value!r}",
+                                  hint="pass the KV pool's geometry")
+    ids: list[int] = []
+    positions: list[int] = []
+    slot_blocks: list[int] = []
+    slot_offsets: list[int] = []
+    logits_rows: list[int] = []
+    cached_t, new_t, used_t, qsl, nlog = [], [], [], [0], []
+    written: set[tuple[int, int]] = set()
+    for s, seq in enumerate(seqs):
+        tokens, table, cached = list(seq.token_ids), list(seq.block_table), seq.num_cached_tokens
+        if not tokens:
+            raise InvalidArgument(f"sequence {s} has no new tokens", hint="drop it from the batch")
+        if not isinstance(cached, int) or isinstance(cached, bool) or cached < 0:
+            raise InvalidArgument(f"sequence {s}: num_cached_tokens must be an int >= 0, got "
+                                  f"{cached!r}", hint="count the tokens already in the cache")
+        for t in tokens:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < config.vocab_size:
+                raise InvalidArgument(
+                    f"sequence {s}: token id {t!r} is outside [0, {config.vocab_size})",
+                    hint="tokenize with the model's tokenizer",
+                )
+        total = cached + len(tokens)
+        if total > config.max_position_embeddings:
+            raise InvalidArgument(
+                f"sequence {s} would hold {total} tokens, more than max_position_embeddings="
+                f"{config.max_position_embeddings}",
+                hint="truncate the prompt or stop generating earlier",
+            )
+        used = -(-total // block_size)
+        if len(table) < used:
+            raise InvalidArgument(
+                f"sequence {s}: block table has {len(table)} blocks, {used} needed for {total} "
+                f"tokens at block_size {block_size}",
+                hint="allocate blocks before scheduling the tokens",
+            )
+        for b in table:
+            if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < num_blocks:
+                raise InvalidArgument(f"sequence {s}: block id {b!r} is outside [0, {num_blocks})",
+                                      hint="use block ids from the KV pool")
+        if len(set(table)) != len(table):
+            raise InvalidArgument(f"sequence {s}: block table {table} repeats a block",
+                                  hint="each block holds one slice of one sequence")
+        start = len(ids)
+        for p in range(cached, total):
+            slot = (table[p // block_size], p % block_size)
+            if slot in written:
+                raise InvalidArgument(
+                    f"sequence {s}: slot (block {slot[0]}, offset {slot[1]}) is written twice in "
+                    "this batch", hint="sequences may share cached blocks, never blocks they write"
+                )
+            written.add(slot)
+            slot_blocks.append(slot[0])
+            slot_offsets.append(slot[1])
+            positions.append(p)
+        ids.extend(tokens)
+        mode = seq.logits
+        if mode == "last":
+            rows = [len(ids) - 1]
+        elif mode == "all":
+            rows = list(range(start, len(ids)))
+        elif mode == "none":
+            rows = []
+        else:
+            raise InvalidArgument(f"sequence {s}: logits must be 'last', 'all' or 'none', got "
+                                  f"{mode!r}", hint="pick one of the three")
+        logits_rows.extend(rows)
+        cached_t.append(cached)
+        new_t.append(len(tokens))
+        used_t.append(used)
+        qsl.append(len(ids))
+        nlog.append(len(rows))
+    width = max(len(seq.block_table) for seq in seqs)
+    tables = torch.zeros((len(seqs), width), dtype=torch.int64)
+    for s, seq in enumerate(seqs):
+        tables[s, : len(seq.block_table)] = torch.tensor(list(seq.block_table), dtype=torch.int64)
+
+    def tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(device)
+
+    meta = BatchMeta(
+        block_size=block_size,
+        positions=tensor(positions),
+        slot_blocks=tensor(slot_blocks),
+        slot_offsets=tensor(slot_offsets),
+        block_tables=tables.to(device),
+        logits_indices=tensor(logits_rows),
+        num_cached_tokens=tuple(cached_t),
+        num_new_tokens=tuple(new_t),
+        num_blocks_used=tuple(used_t),
+        query_start_loc=tuple(qsl),
+        num_logits=tuple(nlog),
+        max_block_id=int(tables.max()),
+    )
+    return Batch(input_ids=tensor(ids), meta=meta)

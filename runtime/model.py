@@ -1,0 +1,272 @@
+"""A Llama-family decoder whose attention reads and writes a paged KV pool.
+
+Architecture (Hugging Face ``LlamaForCausalLM``-compatible, no biases)::
+
+    x = embed(ids)
+    per layer:  x += o_proj(attn(rope(q_proj(norm1(x))), rope(k_proj(..)), v_proj(..)))
+                x += down_proj(silu(gate_proj(norm2(x))) * up_proj(norm2(x)))
+    logits = lm_head(norm(x))          (lm_head = embed_tokens when tied)
+
+Parameter names equal HF's (see :mod:`runtime.weights`), so a HF state dict loads as is.
+The KV pool is ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]`` (kvstore's page
+layout, page-first); allocate it with :func:`allocate_kv_pool`. The model owns no cache state:
+the caller owns the pool and the block tables (see :mod:`runtime.batch`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvstore.errors import InvalidArgument
+from runtime.attention import AttentionBackend, make_attention_backend
+from runtime.batch import Batch
+from runtime.config import ModelConfig
+from runtime.errors import CheckpointError
+from runtime.weights import checkpoint_tensor_shapes, load_checkpoint, random_state_dict
+
+
+def allocate_kv_pool(
+    config: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """A zeroed KV pool ``[num_blocks, *config.kv_layout(block_size).page_shape]`` in the model
+    dtype; block ``b`` is ``pool[b]``, one contiguous kvstore page."""
+    layout = config.kv_layout(block_size)
+    return torch.zeros((num_blocks, *layout.page_shape), dtype=config.torch_dtype, device=device)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies ``[head_dim // 2]`` float32, with Llama-3 scaling if configured.
+
+    Llama-3 scaling by wavelength ``w = 2π / f`` with ``lo = orig / low_freq_factor``,
+    ``hi = orig / high_freq_factor``: ``w < hi`` keeps ``f``; ``w > lo`` uses ``f / factor``;
+    between, ``(1 - a) f / factor + a f`` with ``a = (orig / w - low) / (high - low)``.
+    """
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = config.rope_scaling
+    if sc is None:
+        return inv
+    orig = sc.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > orig / sc.low_freq_factor, inv / sc.factor, inv)
+    smooth = (orig / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / sc.factor + smooth * scaled
+    medium = (wavelen >= orig / sc.high_freq_factor) & (wavelen <= orig / sc.low_freq_factor)
+    return torch.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, heads, head_dim]`` (HF's half-split convention); ``cos``/``sin`` are
+    ``[T, head_dim]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, computed in float32; ``x`` is ``[..., hidden]``."""
+
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.layer, self.num_heads, self.num_kv_heads, self.head_dim = (
+            layer, config.num_heads, config.num_kv_heads, d,
+        )
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_pool: torch.Tensor,
+        batch: Batch, backend: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        backend.write_kv(kv_pool, self.layer, k, v, batch.meta)
+        out = backend.attend(q, kv_pool, self.layer, batch.meta, self.head_dim**-0.5)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    self_attn: Attention
+    mlp: MLP
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class _Backbone(nn.Module):
+    embed_tokens: nn.Embedding
+    layers: nn.ModuleList
+    norm: RMSNorm
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForPagedLM(nn.Module):
+    """Llama decoder over a paged KV pool. Build with :meth:`from_random` or
+    :meth:`from_checkpoint`; run with :meth:`forward`. Weights are frozen (inference only)."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        backend: str | AttentionBackend = "torch_ref",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        """Uninitialized weights on ``device`` in ``config.dtype``; call :meth:`load_weights`."""
+        super().__init__()
+        self.config = config
+        self.backend = make_attention_backend(backend) if isinstance(backend, str) else backend
+        with torch.device("meta"):
+            self.model = _Backbone(config)
+            self.lm_head = (
+                None if config.tie_word_embeddings
+                else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            )
+        self.to_empty(device=device)
+        self.to(config.torch_dtype)
+        self.requires_grad_(False)
+        self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
+
+    @classmethod
+    def from_random(
+        cls, config: ModelConfig, seed: int, *, backend: str | AttentionBackend = "torch_ref",
+        device: torch.device | str = "cpu",
+    ) -> LlamaForPagedLM:
+        """Deterministic random weights (:func:`runtime.weights.random_state_dict`)."""
+        model = cls(config, backend=backend, device=device)
+        model.load_weights(random_state_dict(config, seed, device=device))
+        return model
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, *, backend: str | AttentionBackend = "torch_ref",
+        device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+    ) -> LlamaForPagedLM:
+        """Load a HF checkpoint directory (:func:`runtime.weights.load_checkpoint`); ``dtype``
+        overrides the checkpoint's."""
+        ckpt = load_checkpoint(path, dtype=dtype, device=device)
+        config = ckpt.config if dtype is None else ckpt.config.with_dtype(str(dtype))
+        model = cls(config, backend=backend, device=device)
+        model.load_weights(ckpt.tensors)
+        return model
+
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named ``tensors`` into the parameters. Raises
+        :class:`~runtime.errors.CheckpointError` for missing, extra or misshaped tensors before
+        copying anything."""
+        expected = checkpoint_tensor_shapes(self.config)
+        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        if missing or extra:
+            raise CheckpointError(f"weights do not match the config: missing {missing[:5]}, "
+                                  f"unexpected {extra[:5]}", hint="use HF Llama tensor names")
+        for name, shape in expected.items():
+            if tuple(tensors[name].shape) != shape:
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {list(tensors[name].shape)}, expected "
+                    f"{list(shape)}", hint="the weights do not match the config",
+                )
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for name in expected:
+                params[name].copy_(tensors[name])
+
+    def check_kv_pool(self, kv_pool: torch.Tensor, block_size: int | None = None) -> None:
+        """Raise :class:`~kvstore.errors.InvalidArgument` unless ``kv_pool`` is a pool of this
+        model (shape, dtype, device)."""
+        c = self.config
+        ok = (
+            isinstance(kv_pool, torch.Tensor) and kv_pool.dim() == 6
+            and tuple(kv_pool.shape[1:]) == (
+                c.num_layers, 2, block_size or kv_pool.shape[3], c.num_kv_heads, c.head_dim)
+            and kv_pool.dtype == c.torch_dtype and kv_pool.device == self.inv_freq.device
+        )
+        if not ok:
+            got = (tuple(kv_pool.shape), kv_pool.dtype, str(kv_pool.device)) if isinstance(
+                kv_pool, torch.Tensor) else type(kv_pool).__name__
+            raise InvalidArgument(
+                f"kv_pool {got} does not fit the model: expected shape [num_blocks, "
+                f"{c.num_layers}, 2, {block_size or 'block_size'}, {c.num_kv_heads}, "
+                f"{c.head_dim}], dtype {c.torch_dtype}, device {self.inv_freq.device}",
+                hint="allocate it with runtime.model.allocate_kv_pool",
+            )
+
+    @torch.inference_mode()
+    def forward(  # type: ignore[override]
+        self, batch: Batch, kv_pool: torch.Tensor
+    ) -> torch.Tensor:
+        """Run ``batch`` (from :func:`runtime.batch.build_batch`) through the model.
+
+        Writes the new tokens' K/V of every layer into ``kv_pool`` at their slots (and nothing
+        else), attends causally over each sequence's cached + new tokens, and returns float32
+        logits ``[len(batch.meta.logits_indices), vocab_size]``, rows in sequence order. The pool
+        is validated before anything is written.
+        """
+        meta = batch.meta
+        self.check_kv_pool(kv_pool, meta.block_size)
+        if meta.max_block_id >= kv_pool.shape[0]:
+            raise InvalidArgument(
+                f"batch uses block {meta.max_block_id}, but kv_pool has {kv_pool.shape[0]} blocks",
+                hint="build the batch with num_blocks=kv_pool.shape[0]",
+            )
+        if batch.input_ids.shape != (meta.num_tokens,):
+            raise InvalidArgument(f"input_ids has shape {tuple(batch.input_ids.shape)}, expected "
+                                  f"({meta.num_tokens},)", hint="build batches with build_batch")
+        freqs = meta.positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim // 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(self.config.torch_dtype), emb.sin().to(self.config.torch_dtype)
+        x = self.model.embed_tokens(batch.input_ids)
+        for layer in cast("list[DecoderLayer]", self.model.layers):
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, kv_pool, batch,
+                                    self.backend)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.model.norm(x[meta.logits_indices])
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head).float()

@@ -1,0 +1,93 @@
+"""Fixtures: a tiny Llama saved by transformers' ``save_pretrained`` (safetensors, sharded) with
+our random weights, and the matching HF model as the reference. Nothing is downloaded: the HF
+model is built from a ``LlamaConfig``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime import ModelConfig, get_model_config, random_state_dict
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing may reach a hub
+
+
+def hf_config(cfg: ModelConfig) -> Any:
+    """A ``transformers.LlamaConfig`` of ``cfg`` (spelled for transformers 4.x or 5.x)."""
+    transformers = pytest.importorskip("transformers")
+    rope: dict[str, Any] = {"rope_type": "default"}
+    if cfg.rope_scaling is not None:
+        rope = {"rope_type": "llama3", **dataclasses.asdict(cfg.rope_scaling)}
+    kwargs: dict[str, Any] = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings, attn_implementation="eager",
+    )
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        kwargs["rope_parameters"] = {**rope, "rope_theta": cfg.rope_theta}
+    else:
+        kwargs["rope_theta"] = cfg.rope_theta
+        kwargs["rope_scaling"] = None if cfg.rope_scaling is None else rope
+    return transformers.LlamaConfig(**kwargs)
+
+
+def make_hf_checkpoint(cfg: ModelConfig, path: Path, seed: int, shard: bool) -> Any:
+    """Build a float32 HF Llama with our seeded weights (norms perturbed so they matter), save
+    it to ``path`` with ``save_pretrained`` and return the HF model in eval mode."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    hf = transformers.LlamaForCausalLM(hf_config(cfg)).float().eval()
+    sd = random_state_dict(cfg, seed, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name, t in sd.items():
+        if name.endswith("norm.weight"):
+            t.add_(0.2 * torch.randn(t.shape, generator=gen))
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if cfg.tie_word_embeddings:
+        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    hf.save_pretrained(str(path), max_shard_size="200KB" if shard else "50GB")
+    return hf
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> ModelConfig:
+    return get_model_config("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory, tiny_cfg: ModelConfig) -> tuple[Path, Any]:
+    """A sharded checkpoint (with model.safetensors.index.json) of the tiny config, and its HF
+    model."""
+    path = tmp_path_factory.mktemp("tiny_ckpt")
+    hf = make_hf_checkpoint(tiny_cfg, path, seed=1234, shard=True)
+    return path, hf
+
+
+@pytest.fixture(scope="session")
+def tied_ckpt(tmp_path_factory: pytest.TempPathFactory, tiny_cfg: ModelConfig) -> tuple[Path, Any]:
+    """A single-file checkpoint of a tied-embedding, unscaled-RoPE tiny variant."""
+    cfg = dataclasses.replace(tiny_cfg, tie_word_embeddings=True, rope_scaling=None,
+                              rope_theta=500.0)
+    path = tmp_path_factory.mktemp("tied_ckpt")
+    hf = make_hf_checkpoint(cfg, path, seed=99, shard=False)
+    return path, hf
+
+
+def hf_logits(hf: Any, token_ids: list[int]) -> torch.Tensor:
+    """HF logits ``[len(token_ids), vocab]`` of one sequence, no cache."""
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor([token_ids]), use_cache=False)
+    return out.logits[0].float()
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
