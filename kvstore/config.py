@@ -83,6 +83,22 @@ class HostTierConfig(_Strict):
         return {"pin_memory": None if self.pin_memory == "auto" else self.pin_memory}
 
 
+class HBMTierConfig(_Strict):
+    """GPU memory: the page pool an engine allocates its paged KV cache from (torch's CPU device
+    where there is no GPU)."""
+
+    kind: Literal["hbm"] = "hbm"
+    name: str = "hbm"
+    capacity: ByteSize = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
+    policy: str = "lru"
+    device: str | None = Field(None, description="torch device; default cuda if present, else cpu")
+
+    _v_policy = field_validator("policy")(_check_policy)
+
+    def tier_kwargs(self) -> dict[str, Any]:
+        return {"device": self.device}
+
+
 class DiskTierConfig(_Strict):
     """NVMe: a preallocated slab of record slots with an LMDB index, in a directory of its own
     on a local filesystem (see kvstore/tiers/disk.py for the guarantees)."""
@@ -198,7 +214,8 @@ class RedisTierConfig(_Strict):
 
 
 TierConfig = Annotated[
-    Union[HostTierConfig, DiskTierConfig, RedisTierConfig], Field(discriminator="kind")
+    Union[HBMTierConfig, HostTierConfig, DiskTierConfig, RedisTierConfig],
+    Field(discriminator="kind"),
 ]
 
 

@@ -48,6 +48,7 @@ from kvstore.metrics import Metrics
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.tiers.base import Tier, check_keys
+from kvstore.tiers.hbm_owner import OwnedPool
 
 WritePolicy = Literal["write_through", "write_back", "selective"]
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "selective")
@@ -115,6 +116,10 @@ class TieredStore:
                 meta = tier.meta(key)
                 if len(policy) < policy.capacity:
                     policy.insert(key, meta.parent if meta else None)
+        # A pool an engine allocates from (hbm) evicts through the store: its policy, write-back.
+        for ti, tier in enumerate(self.tiers):
+            if isinstance(tier, OwnedPool):
+                tier.attach(_PoolOwner(self, ti))
 
     # ----------------------------------------------------------------- lookup and leases
 
@@ -259,7 +264,12 @@ class TieredStore:
         if need <= 0:
             return
         self._expire_leases()
-        victims = policy.evict(need, self._pins.__contains__)
+        pins = self._pins
+        if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
+            in_use = tier.is_in_use
+            victims = policy.evict(need, lambda k: k in pins or in_use(k))
+        else:
+            victims = policy.evict(need, pins.__contains__)
         if not victims:
             return
         below = ti + 1 < len(self.tiers)
@@ -292,6 +302,17 @@ class TieredStore:
         if ok_m:
             self.metrics.copies.labels(reason, dst.name).inc(len(ok_m))
             self._store_into(ti + 1, ok_m, ok_v)
+
+    def _adopt(self, ti: int, metas: Sequence[BlockMeta]) -> None:
+        """Track pages an engine committed in pool tier ``ti`` as if they had been put there
+        (write-through copies them down at once)."""
+        with self._lock:
+            policy = self.policies[ti]
+            for meta in metas:
+                if len(policy) < policy.capacity:
+                    policy.insert(meta.key, meta.parent)
+            if self.write_policy == "write_through" and ti + 1 < len(self.tiers):
+                self._copy_down(ti, [m.key for m in metas], "write_through")
 
     # ----------------------------------------------------------------- get
 
@@ -461,6 +482,8 @@ class TieredStore:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         for t in self.tiers:
+            if isinstance(t, OwnedPool):
+                t.attach(None)
             t.close()
 
     def __enter__(self) -> TieredStore:
@@ -478,6 +501,26 @@ class TieredStore:
             raise InvalidArgument(
                 f"no tier named {name!r}", hint=f"tiers are {list(self._by_name)}"
             ) from None
+
+
+class _PoolOwner:
+    """The store as the owner of pool tier ``ti`` (see kvstore.tiers.hbm_owner): victims by the
+    tier's policy, written back per the write policy; commits and reuses feed the policy."""
+
+    def __init__(self, store: TieredStore, ti: int) -> None:
+        self._store, self._ti = store, ti
+
+    def reclaim(self, num_blocks: int) -> int:
+        return self._store.evict(num_blocks, tier=self._store.tiers[self._ti].name)
+
+    def on_commit(self, metas: Sequence[BlockMeta]) -> None:
+        self._store._adopt(self._ti, metas)
+
+    def on_hit(self, keys: Sequence[bytes]) -> None:
+        with self._store._lock:
+            policy = self._store.policies[self._ti]
+            for k in keys:
+                policy.access(k)
 
 
 def _scratch(n: int, page_bytes: int) -> list[np.ndarray]:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 #: kind -> "module:Class"
 TIERS: dict[str, str] = {
+    "hbm": "kvstore.tiers.hbm:HBMTier",
     "host": "kvstore.tiers.host:HostTier",
     "disk": "kvstore.tiers.disk:DiskTier",
     "redis": "kvstore.tiers.redis:RedisTier",

@@ -1,14 +1,18 @@
 """Attention through ``torch.nn.functional.scaled_dot_product_attention``, one sequence at a time.
 
 SDPA's ``is_causal`` aligns the mask top-left, which is wrong once a prefix is cached (``n`` new
-queries against ``L > n`` keys), so: no cached prefix -> ``is_causal=True``; one new token -> no
-mask (it sees every key); otherwise an explicit boolean mask ``key_pos <= cached + i``.
+queries against ``L > n`` keys), so a cached prefix uses torch's lower-right causal bias
+(``causal_lower_right``: query i sees keys ``<= L - n + i``), which still dispatches to the fused
+flash / memory-efficient kernels — an explicit boolean mask would force the slow math kernel.
+One new token needs no mask. K/V heads are repeated to the query heads (as transformers does):
+``enable_gqa`` sends CPU SDPA to the math kernel.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from runtime.attention.base import AttentionBackend
 from runtime.attention.torch_ref import gather_kv
@@ -27,15 +31,18 @@ class SDPABackend(AttentionBackend):
         for s in range(meta.num_seqs):
             lo, hi = meta.query_start_loc[s], meta.query_start_loc[s + 1]
             k, v = gather_kv(kv_pool, layer, meta, s)
-            qs = q[lo:hi].transpose(0, 1)  # [num_heads, n, D]
+            qs = q[lo:hi].transpose(0, 1)[None]  # [1, num_heads, n, D]
+            groups = qs.shape[1] // k.shape[1]
+            ks = k.transpose(0, 1).repeat_interleave(groups, dim=0)[None]  # [1, num_heads, L, D]
+            vs = v.transpose(0, 1).repeat_interleave(groups, dim=0)[None]
             cached, n = meta.num_cached_tokens[s], hi - lo
-            mask = None
-            if cached and n > 1:
-                q_pos = torch.arange(n, device=q.device) + cached
-                mask = torch.arange(k.shape[0], device=q.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(
-                qs, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
-                is_causal=cached == 0 and n > 1, scale=scale, enable_gqa=True,
-            )
+            if n == 1:
+                o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+            elif cached == 0:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+            else:
+                bias = causal_lower_right(n, ks.shape[2])
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=scale)
+            o = o[0]
             out[lo:hi] = o.transpose(0, 1)
         return out

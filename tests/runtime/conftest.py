@@ -5,6 +5,7 @@ model is built from a ``LlamaConfig``."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -13,36 +14,19 @@ import pytest
 import torch
 
 from runtime import ModelConfig, get_model_config, random_state_dict
+from runtime.hf import to_hf_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing may reach a hub
 
 
 def hf_config(cfg: ModelConfig) -> Any:
-    """A ``transformers.LlamaConfig`` of ``cfg`` (spelled for transformers 4.x or 5.x)."""
-    transformers = pytest.importorskip("transformers")
-    rope: dict[str, Any] = {"rope_type": "default"}
-    if cfg.rope_scaling is not None:
-        rope = {"rope_type": "llama3", **dataclasses.asdict(cfg.rope_scaling)}
-    kwargs: dict[str, Any] = dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings, attn_implementation="eager",
-    )
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        kwargs["rope_parameters"] = {**rope, "rope_theta": cfg.rope_theta}
-    else:
-        kwargs["rope_theta"] = cfg.rope_theta
-        kwargs["rope_scaling"] = None if cfg.rope_scaling is None else rope
-    return transformers.LlamaConfig(**kwargs)
+    return to_hf_config(cfg)
 
 
 def make_hf_checkpoint(cfg: ModelConfig, path: Path, seed: int, shard: bool) -> Any:
     """Build a float32 HF Llama with our seeded weights (norms perturbed so they matter), save
     it to ``path`` with ``save_pretrained`` and return the HF model in eval mode."""
-    transformers = pytest.importorskip("transformers")
+    transformers = importlib.import_module("transformers")
     torch.manual_seed(seed)
     hf = transformers.LlamaForCausalLM(hf_config(cfg)).float().eval()
     sd = random_state_dict(cfg, seed, dtype=torch.float32)

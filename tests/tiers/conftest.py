@@ -21,6 +21,12 @@ def _host(layout: KVLayout, capacity: int, _req: pytest.FixtureRequest, metrics:
     return HostTier("host", layout, capacity, metrics, pin_memory=False)
 
 
+def _hbm(layout: KVLayout, capacity: int, _req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
+    from kvstore.tiers.hbm import HBMTier
+
+    return HBMTier("hbm", layout, capacity, metrics, device="cpu")
+
+
 def _redis(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
     from kvstore.tiers.redis import RedisTier
 
@@ -35,7 +41,7 @@ def _disk(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: 
     return DiskTier("disk", layout, capacity, metrics, path=tmp / "disk")
 
 
-TIER_FACTORIES: dict[str, Factory] = {"host": _host, "disk": _disk, "redis": _redis}
+TIER_FACTORIES: dict[str, Factory] = {"hbm": _hbm, "host": _host, "disk": _disk, "redis": _redis}
 
 
 @pytest.fixture(params=sorted(TIER_FACTORIES))

@@ -145,3 +145,16 @@ ttl_s = 3600
     ]:
         with pytest.raises(ConfigError, match=field):
             load_config(write(tmp_path, "bad.toml", f'[[tiers]]\nkind = "redis"\n{text}\n'))
+
+
+def test_hbm_tier_from_config() -> None:
+    cfg = load_config(overrides={
+        "layout": {"num_layers": 2, "num_kv_heads": 2, "head_dim": 4, "block_size": 4,
+                   "dtype": "float16"},
+        "tiers": [{"kind": "hbm", "capacity": 8 * 256, "device": "cpu"},
+                  {"kind": "host", "capacity": 16 * 256}],
+    })
+    with build_store(cfg) as store:
+        hbm = store.tiers[0]
+        assert hbm.kind == "hbm" and hbm.capacity_pages == 8
+        assert hbm.allocate(8) is not None and hbm.allocate(1) is None  # back-pressure
