@@ -18,7 +18,7 @@ nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/gpu.txt"
 rc=0
 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
-for b in "tiers --tier host" "tiers --tier disk" "lookup"; do
+for b in "tiers --tier host" "tiers --tier disk" "lookup" "ttft"; do
     python3 -m bench.$b --json --record 2>/dev/null | tee -a "$OUT/bench.jsonl" || rc=1
 done
 cp bench/results/*-h200*.json "$OUT/" 2>/dev/null || true
