@@ -4,8 +4,9 @@ SDPA's ``is_causal`` aligns the mask top-left, which is wrong once a prefix is c
 queries against ``L > n`` keys), so a cached prefix uses torch's lower-right causal bias
 (``causal_lower_right``: query i sees keys ``<= L - n + i``), which still dispatches to the fused
 flash / memory-efficient kernels — an explicit boolean mask would force the slow math kernel.
-One new token needs no mask. K/V heads are repeated to the query heads (as transformers does):
-``enable_gqa`` sends CPU SDPA to the math kernel.
+One new token needs no mask. Grouped-query attention: on CUDA the fused kernels take the K/V heads
+as they are (``enable_gqa``); on CPU ``enable_gqa`` would select the math kernel, so K/V heads
+are repeated to the query heads there (as transformers does).
 """
 
 from __future__ import annotations
@@ -32,17 +33,25 @@ class SDPABackend(AttentionBackend):
             lo, hi = meta.query_start_loc[s], meta.query_start_loc[s + 1]
             k, v = gather_kv(kv_pool, layer, meta, s)
             qs = q[lo:hi].transpose(0, 1)[None]  # [1, num_heads, n, D]
-            groups = qs.shape[1] // k.shape[1]
-            ks = k.transpose(0, 1).repeat_interleave(groups, dim=0)[None]  # [1, num_heads, L, D]
-            vs = v.transpose(0, 1).repeat_interleave(groups, dim=0)[None]
+            ks, vs = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, kv_heads, L, D]
+            gqa = qs.shape[1] != ks.shape[1]
+            if gqa and not q.is_cuda:
+                groups = qs.shape[1] // ks.shape[1]
+                ks = ks.repeat_interleave(groups, dim=1)
+                vs = vs.repeat_interleave(groups, dim=1)
+                gqa = False
             cached, n = meta.num_cached_tokens[s], hi - lo
             if n == 1:
-                o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+                o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale, enable_gqa=gqa)
             elif cached == 0:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
+                )
             else:
                 bias = causal_lower_right(n, ks.shape[2])
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=scale)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=bias, scale=scale, enable_gqa=gqa
+                )
             o = o[0]
             out[lo:hi] = o.transpose(0, 1)
         return out
