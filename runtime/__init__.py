@@ -6,6 +6,10 @@ Data flow for one engine step::
     LlamaForPagedLM.forward(batch, kv_pool) -> logits; writes new K/V into kv_pool
     kv_pool [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]  (= kvstore pages)
 
+Serving: ``Engine`` (``engine``) runs requests with continuous batching and chunked prefill
+(``scheduler``), sampling per request (``sampling``), prefix caching through the hbm tier's block
+pool; ``tokenizer`` is a byte-level tokenizer for demos; ``demo`` the multi-turn chat demo.
+
 Modules: ``config`` (ModelConfig, presets, HF config parsing), ``weights`` (random init,
 safetensors checkpoint loading), ``batch`` (batch metadata and validation), ``model`` (the
 decoder), ``attention`` (backends by name: ``torch_ref``, ``sdpa``), ``errors``.
@@ -15,13 +19,18 @@ from __future__ import annotations
 
 from runtime.attention import AttentionBackend, available_backends, make_attention_backend
 from runtime.batch import Batch, BatchMeta, SeqInput, build_batch
+from runtime.engine import Engine
 from runtime.config import MODEL_CONFIGS, ModelConfig, RopeScaling, get_model_config
 from runtime.errors import CheckpointError
 from runtime.model import LlamaForPagedLM, allocate_kv_pool
+from runtime.request import RequestMetrics, RequestOutput
+from runtime.sampling import SamplingParams
+from runtime.tokenizer import ByteTokenizer
 from runtime.weights import Checkpoint, checkpoint_tensor_shapes, load_checkpoint, random_state_dict
 
 __all__ = [
-    "MODEL_CONFIGS", "AttentionBackend", "Batch", "BatchMeta", "Checkpoint", "CheckpointError",
+    "MODEL_CONFIGS", "AttentionBackend", "Batch", "BatchMeta", "ByteTokenizer", "Checkpoint",
+    "CheckpointError", "Engine", "RequestMetrics", "RequestOutput", "SamplingParams",
     "LlamaForPagedLM", "ModelConfig", "RopeScaling", "SeqInput", "allocate_kv_pool",
     "available_backends", "build_batch", "checkpoint_tensor_shapes", "get_model_config",
     "load_checkpoint", "make_attention_backend", "random_state_dict",

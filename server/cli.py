@@ -22,6 +22,23 @@ ConfigOpt = Annotated[
 
 @app.command()
 def demo(
+    model: Annotated[str, typer.Option(help="named model config: tiny, small, llama3-8b")] = "small",
+    turns: Annotated[int, typer.Option(min=1, max=50)] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, max=512)] = 16,
+) -> None:
+    """The bundled runtime on a multi-turn chat, with and without the prefix cache: per-turn
+    TTFT and tokens computed vs reused."""
+    from runtime.demo import run_chat_demo
+
+    try:
+        run_chat_demo(model, turns, max_tokens=max_tokens, console=console)
+    except KVStoreError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
+
+
+@app.command("store-demo")
+def store_demo(
     config: ConfigOpt = None,
     conversations: Annotated[int, typer.Option(min=1, max=1000)] = 4,
     turns: Annotated[int, typer.Option(min=1, max=100)] = 4,

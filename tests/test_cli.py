@@ -16,7 +16,7 @@ def test_demo_runs_on_embedded_default() -> None:
     # a real process, as the README runs it
     env = {**os.environ, "KVSTORE_TIERS": '[{"kind": "host", "capacity": "64MiB"}]'}
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "demo", "--conversations", "2", "--turns", "3"],
+        [sys.executable, "-m", "server.cli", "store-demo", "--conversations", "2", "--turns", "3"],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -26,7 +26,7 @@ def test_demo_runs_on_embedded_default() -> None:
 
 def test_default_demo_uses_host_over_disk() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "demo", "--conversations", "3", "--turns", "3"],
+        [sys.executable, "-m", "server.cli", "store-demo", "--conversations", "3", "--turns", "3"],
         capture_output=True, text=True, timeout=120,
         env={k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")},
     )
@@ -38,9 +38,19 @@ def test_default_demo_uses_host_over_disk() -> None:
 def test_bad_config_exits_with_a_named_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[store]\nwrite_policy = "sometimes"\n')
-    result = CliRunner().invoke(app, ["demo", "--config", str(bad)])
+    result = CliRunner().invoke(app, ["store-demo", "--config", str(bad)])
     assert result.exit_code == 2
     assert "store.write_policy" in result.output
+
+
+def test_main_demo_runs_the_runtime_with_and_without_the_prefix_cache() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.cli", "demo", "--model", "small", "--turns", "2",
+         "--max-tokens", "4"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "TTFT" in proc.stdout and "reused" in proc.stdout
 
 
 def test_config_command_prints_effective_config() -> None:

@@ -1,0 +1,155 @@
+"""Engine boundaries: bad input raises InvalidArgument at add_request and changes nothing; a
+request that can never fit fails alone; the tokenizer and the chat demo."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from kvstore.errors import InvalidArgument
+from kvstore.keys import Namespace
+from kvstore.metrics import Metrics
+from kvstore.tiers.hbm import HBMTier
+from runtime import LlamaForPagedLM, get_model_config
+from runtime.demo import run_chat_demo
+from runtime.engine import Engine
+from runtime.sampling import SamplingParams
+from runtime.scheduler import SchedulerConfig
+from runtime.tokenizer import ByteTokenizer
+
+BS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    # Tiny batches: one intra-op thread is faster, and immune to a busy 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForPagedLM:
+    return LlamaForPagedLM.from_random(get_model_config("tiny"), seed=3)
+
+
+def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, **kw: object) -> Engine:
+    layout = model.config.kv_layout(BS)
+    pool = HBMTier("hbm", layout, num_blocks, Metrics(), device="cpu")
+    return Engine(model, pool, Namespace("test/errors", layout), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"stop_token_ids": "ab"}, "stop_token_ids"),
+        ({"stop_token_ids": [1, -2]}, "stop_token_ids"),
+    ],
+)
+def test_bad_sampling_params(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(InvalidArgument, match=match):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        ([], SamplingParams(), "empty"),
+        ([1, 512], SamplingParams(), "outside"),
+        ([1, -1], SamplingParams(), "outside"),
+        ([1, True], SamplingParams(), "outside"),
+        ("hello", SamplingParams(), "sequence of token ids"),
+        ([1] * 250, SamplingParams(max_tokens=7), "max_position_embeddings"),
+        ([1, 2], SamplingParams(stop_token_ids=[600]), "stop_token_ids"),
+        ([1, 2], "greedy", "SamplingParams"),
+    ],
+)
+def test_bad_requests_raise_and_change_nothing(
+    model: LlamaForPagedLM, prompt: object, params: object, match: str
+) -> None:
+    engine = make_engine(model)
+    good = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4), request_id="good")
+    engine.step()
+    before = (len(engine.scheduler.waiting), len(engine.scheduler.running), engine.pool.num_free)
+    with pytest.raises(InvalidArgument, match=match):
+        engine.add_request(prompt, params)  # type: ignore[arg-type]
+    assert (len(engine.scheduler.waiting), len(engine.scheduler.running),
+            engine.pool.num_free) == before
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.request_id for o in outs] == [good]
+    assert len(outs[0].output_token_ids) == 4
+
+
+def test_duplicate_request_id(model: LlamaForPagedLM) -> None:
+    engine = make_engine(model)
+    engine.add_request([1, 2], request_id="x")
+    with pytest.raises(InvalidArgument, match="already in use"):
+        engine.add_request([3, 4], request_id="x")
+
+
+def test_generate_validates_every_prompt_before_queueing(model: LlamaForPagedLM) -> None:
+    engine = make_engine(model)
+    with pytest.raises(InvalidArgument, match="outside"):
+        engine.generate([[1, 2], [3, 999]], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished()
+    with pytest.raises(InvalidArgument, match="2 prompts but 1"):
+        engine.generate([[1], [2]], [SamplingParams()])
+
+
+def test_a_request_that_can_never_fit_fails_alone(model: LlamaForPagedLM) -> None:
+    engine = make_engine(model, 4)  # 64 tokens of KV at most
+    big, small = list(range(3, 83)), [4, 5, 6]
+    outs = engine.generate([big, small], SamplingParams(max_tokens=5))
+    assert outs[0].finish_reason == "error" and outs[0].output_token_ids == []
+    assert outs[0].error is not None and "pool has 4" in outs[0].error
+    assert outs[1].finish_reason == "length" and len(outs[1].output_token_ids) == 5
+    engine.pool.check_integrity()
+    assert engine.pool.num_free + engine.pool.num_evictable == 4
+
+
+def test_bad_engine_settings(model: LlamaForPagedLM) -> None:
+    with pytest.raises(InvalidArgument, match="chunk_size"):
+        make_engine(model, chunk_size=0)
+    with pytest.raises(InvalidArgument, match="max_num_seqs"):
+        SchedulerConfig(max_num_seqs=0)
+    layout = model.config.kv_layout(BS)
+    pool = HBMTier("hbm", layout, 4, Metrics(), device="cpu")
+    with pytest.raises(InvalidArgument, match="layout"):
+        Engine(model, pool, Namespace("x", model.config.kv_layout(8)))
+    other = get_model_config("small").kv_layout(BS)
+    with pytest.raises(InvalidArgument, match="does not fit the model"):
+        Engine(model, HBMTier("hbm", other, 4, Metrics(), device="cpu"), Namespace("x", other))
+
+
+def test_byte_tokenizer_round_trip() -> None:
+    tok = ByteTokenizer()
+    ids = tok.encode("héllo ✓", add_bos=True, add_eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == "héllo ✓"
+    assert tok.decode(ids, skip_special=False) == "<s>héllo ✓</s>"
+    tok.check_fits(get_model_config("tiny").vocab_size)
+    with pytest.raises(InvalidArgument, match="vocab_size"):
+        tok.check_fits(100)
+
+
+def test_chat_demo_reuses_earlier_turns() -> None:
+    result = run_chat_demo("small", turns=3, max_tokens=8)
+    assert [t.tokens_reused for t in result.without_cache] == [0, 0, 0]
+    for cached, uncached in zip(result.with_cache[1:], result.without_cache[1:]):
+        assert cached.tokens_computed + cached.tokens_reused == cached.prompt_tokens
+        assert uncached.tokens_computed == uncached.prompt_tokens
+        assert cached.tokens_computed * 2 < uncached.tokens_computed
+    assert all(t.ttft_s > 0 for t in result.with_cache + result.without_cache)
