@@ -32,8 +32,21 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
-from runtime import LlamaForPagedLM, SeqInput, allocate_kv_pool, build_batch, get_model_config
+from bench.common import (
+    add_standard_args,
+    command_line,
+    emit_json,
+    measurement,
+    print_table,
+    record,
+)
+from runtime import (
+    LlamaForPagedLM,
+    SeqInput,
+    allocate_kv_pool,
+    build_batch,
+    get_model_config,
+)
 from runtime.hf import to_hf_config
 
 BLOCK = 16
@@ -104,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
                         baseline="cold prefill (same runtime)", baseline_value=t_cold * 1e3,
                         higher_is_better=False),
         ]
-        del pool
         if gpu:
+            pool = None  # free this length's pool before the next one is allocated
             torch.cuda.empty_cache()
     if args.json:
         emit_json(lines)

@@ -22,7 +22,6 @@ import numpy as np
 from kvstore.errors import InvalidArgument
 from kvstore.layout import KVLayout
 
-
 #: Alignment of buffers that go to and from disk without a bounce copy (O_DIRECT needs it).
 ALIGN = 4096
 

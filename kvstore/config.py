@@ -32,7 +32,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.layout import DTYPE_SIZES, KVLayout

@@ -17,16 +17,25 @@ decoder), ``attention`` (backends by name: ``torch_ref``, ``sdpa``), ``errors``.
 
 from __future__ import annotations
 
-from runtime.attention import AttentionBackend, available_backends, make_attention_backend
+from runtime.attention import (
+    AttentionBackend,
+    available_backends,
+    make_attention_backend,
+)
 from runtime.batch import Batch, BatchMeta, SeqInput, build_batch
-from runtime.engine import Engine
 from runtime.config import MODEL_CONFIGS, ModelConfig, RopeScaling, get_model_config
+from runtime.engine import Engine
 from runtime.errors import CheckpointError
 from runtime.model import LlamaForPagedLM, allocate_kv_pool
 from runtime.request import RequestMetrics, RequestOutput
 from runtime.sampling import SamplingParams
 from runtime.tokenizer import ByteTokenizer
-from runtime.weights import Checkpoint, checkpoint_tensor_shapes, load_checkpoint, random_state_dict
+from runtime.weights import (
+    Checkpoint,
+    checkpoint_tensor_shapes,
+    load_checkpoint,
+    random_state_dict,
+)
 
 __all__ = [
     "MODEL_CONFIGS", "AttentionBackend", "Batch", "BatchMeta", "ByteTokenizer", "Checkpoint",

@@ -20,6 +20,7 @@ import numpy as np
 
 #: Alignment of slot offsets, of O_DIRECT buffer addresses and of their lengths.
 from kvstore.buffers import ALIGN, aligned_empty
+
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 

@@ -36,8 +36,14 @@ from kvstore.errors import RecordError
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.record import header_bytes, pack_header, parse_header, payload_checksum
-from kvstore.record import verify_header, verify_payload
+from kvstore.record import (
+    header_bytes,
+    pack_header,
+    parse_header,
+    payload_checksum,
+    verify_header,
+    verify_payload,
+)
 from kvstore.tiers import disk_io
 from kvstore.tiers.disk_io import ALIGN, IOV_MAX, aligned_empty, is_aligned, round_up
 

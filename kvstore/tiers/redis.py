@@ -89,7 +89,13 @@ from kvstore.errors import RecordError, TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.record import encode_header, header_bytes, parse_header, verify_header, verify_payload
+from kvstore.record import (
+    encode_header,
+    header_bytes,
+    parse_header,
+    verify_header,
+    verify_payload,
+)
 from kvstore.tiers.base import Tier
 from kvstore.tiers.redis_breaker import CircuitBreaker
 from kvstore.tiers.redis_pool import (

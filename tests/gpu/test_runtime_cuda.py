@@ -8,7 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from runtime import LlamaForPagedLM, SeqInput, allocate_kv_pool, build_batch, get_model_config
+from runtime import (
+    LlamaForPagedLM,
+    SeqInput,
+    allocate_kv_pool,
+    build_batch,
+    get_model_config,
+)
 
 pytestmark = pytest.mark.gpu
 

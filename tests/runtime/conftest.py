@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,12 @@ def hf_logits(hf: Any, token_ids: list[int]) -> torch.Tensor:
 
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny batches run faster on one intra-op thread, and are immune to a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,7 +10,12 @@ import torch
 
 from kvstore.errors import InvalidArgument
 from runtime import (
-    LlamaForPagedLM, ModelConfig, SeqInput, allocate_kv_pool, build_batch, get_model_config,
+    LlamaForPagedLM,
+    ModelConfig,
+    SeqInput,
+    allocate_kv_pool,
+    build_batch,
+    get_model_config,
 )
 
 BLOCK, NUM_BLOCKS = 4, 8

@@ -10,8 +10,17 @@ import torch
 
 from kvstore.errors import ConfigError, UnknownComponent
 from runtime import (
-    MODEL_CONFIGS, LlamaForPagedLM, ModelConfig, RopeScaling, SeqInput, allocate_kv_pool,
-    available_backends, build_batch, get_model_config, make_attention_backend, random_state_dict,
+    MODEL_CONFIGS,
+    LlamaForPagedLM,
+    ModelConfig,
+    RopeScaling,
+    SeqInput,
+    allocate_kv_pool,
+    available_backends,
+    build_batch,
+    get_model_config,
+    make_attention_backend,
+    random_state_dict,
 )
 
 

@@ -4,12 +4,9 @@ the pool inside a TieredStore([hbm, host])."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import random
 
 import pytest
-import torch
 
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
@@ -25,13 +22,7 @@ BS = 16
 GREEDY = SamplingParams(max_tokens=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny batches: one intra-op thread is faster, and immune to a busy 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,7 @@ request that can never fit fails alone; the tokenizer and the chat demo."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
@@ -22,13 +19,7 @@ from runtime.tokenizer import ByteTokenizer
 BS = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny batches: one intra-op thread is faster, and immune to a busy 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

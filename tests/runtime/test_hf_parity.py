@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from runtime import (
-    LlamaForPagedLM, SeqInput, allocate_kv_pool, available_backends, build_batch, get_model_config,
+    LlamaForPagedLM,
+    SeqInput,
+    allocate_kv_pool,
+    available_backends,
+    build_batch,
+    get_model_config,
 )
 
 from .conftest import assert_logits_close, hf_logits

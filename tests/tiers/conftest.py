@@ -13,7 +13,6 @@ from kvstore import KVLayout, Metrics
 from kvstore.tiers import Tier
 from kvstore.tiers.host import HostTier
 
-
 Factory = Callable[[KVLayout, int, pytest.FixtureRequest, Metrics], Tier]
 
 

@@ -9,7 +9,14 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvstore import BlockChain, InvalidArgument, KVLayout, Metrics, Namespace, TieredStore
+from kvstore import (
+    BlockChain,
+    InvalidArgument,
+    KVLayout,
+    Metrics,
+    Namespace,
+    TieredStore,
+)
 from kvstore.tiers import tier_class
 from kvstore.tiers.hbm import CommitResult, HBMTier
 from kvstore.tiers.hbm_owner import LocalOwner

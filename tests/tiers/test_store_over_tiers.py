@@ -8,7 +8,6 @@ import pytest
 from kvstore import ConfigError, Namespace, build_store, load_config
 from tests.conftest import random_pages
 
-
 LAYOUT = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 4, "block_size": 4, "dtype": "float16"}
 
 

@@ -7,7 +7,13 @@ import numpy as np
 import xxhash
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
 
 from kvstore import KVLayout, Metrics, Namespace, TieredStore
 from kvstore.tiers.host import HostTier
