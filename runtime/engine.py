@@ -31,6 +31,7 @@ from kvstore.store import TieredStore
 from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm import HBMTier
 from kvstore.tiers.hbm_owner import LocalOwner
+from runtime.attention import DEFAULT_BACKEND
 from runtime.batch import SeqInput, build_batch
 from runtime.config import get_model_config
 from runtime.model import LlamaForPagedLM
@@ -91,7 +92,7 @@ class Engine:
         device: str | torch.device = "cpu",
         lower_tiers: Sequence[Tier] = (),
         write_policy: str = "write_back",
-        backend: str = "torch_ref",
+        backend: str = DEFAULT_BACKEND,
         **engine_kwargs: Any,
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvstore.errors import InvalidArgument
-from runtime.attention import AttentionBackend, make_attention_backend
+from runtime.attention import DEFAULT_BACKEND, AttentionBackend, make_attention_backend
 from runtime.batch import Batch
 from runtime.config import ModelConfig
 from runtime.errors import CheckpointError
@@ -105,7 +105,7 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         backend.write_kv(kv_pool, self.layer, k, v, batch.meta)
-        out = backend.attend(q, kv_pool, self.layer, batch.meta, self.head_dim**-0.5)
+        out = backend.attend(q, k, v, kv_pool, self.layer, batch.meta, self.head_dim**-0.5)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -157,7 +157,7 @@ class LlamaForPagedLM(nn.Module):
         self,
         config: ModelConfig,
         *,
-        backend: str | AttentionBackend = "torch_ref",
+        backend: str | AttentionBackend = DEFAULT_BACKEND,
         device: torch.device | str = "cpu",
     ) -> None:
         """Uninitialized weights on ``device`` in ``config.dtype``; call :meth:`load_weights`."""
@@ -177,7 +177,7 @@ class LlamaForPagedLM(nn.Module):
 
     @classmethod
     def from_random(
-        cls, config: ModelConfig, seed: int, *, backend: str | AttentionBackend = "torch_ref",
+        cls, config: ModelConfig, seed: int, *, backend: str | AttentionBackend = DEFAULT_BACKEND,
         device: torch.device | str = "cpu",
     ) -> LlamaForPagedLM:
         """Deterministic random weights (:func:`runtime.weights.random_state_dict`)."""
@@ -187,7 +187,7 @@ class LlamaForPagedLM(nn.Module):
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, *, backend: str | AttentionBackend = "torch_ref",
+        cls, path: str | Path, *, backend: str | AttentionBackend = DEFAULT_BACKEND,
         device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
     ) -> LlamaForPagedLM:
         """Load a HF checkpoint directory (:func:`runtime.weights.load_checkpoint`); ``dtype``

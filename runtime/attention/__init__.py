@@ -18,7 +18,18 @@ BACKENDS: dict[str, str] = {
     "sdpa": "runtime.attention.sdpa:SDPABackend",
 }
 
-__all__ = ["BACKENDS", "AttentionBackend", "available_backends", "make_attention_backend"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "AttentionBackend",
+    "available_backends",
+    "make_attention_backend",
+]
+
+
+#: The default: fused kernels where torch has them (GPU flash / memory-efficient attention), and
+#: on par with transformers' attention on CPU; ``torch_ref`` stays the reference in tests.
+DEFAULT_BACKEND = "sdpa"
 
 
 def available_backends() -> list[str]:

@@ -41,13 +41,22 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def attend(
-        self, q: torch.Tensor, kv_pool: torch.Tensor, layer: int, meta: BatchMeta, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_pool: torch.Tensor,
+        layer: int,
+        meta: BatchMeta,
+        scale: float,
     ) -> torch.Tensor:
         """Causal attention of the new tokens over their sequences' cached + new K/V.
 
         ``q``: ``[T, num_heads, head_dim]`` (RoPE applied); ``num_heads`` is a multiple of the
         pool's ``num_kv_heads`` (query head ``h`` reads KV head ``h // (num_heads //
-        num_kv_heads)``). ``scale`` multiplies ``q·k``. Reads ``kv_pool`` (after
-        :meth:`write_kv` for this layer), mutates nothing. Returns ``[T, num_heads, head_dim]``
-        in ``q``'s dtype.
+        num_kv_heads)``). ``k``, ``v``: the new tokens' ``[T, num_kv_heads, head_dim]``, as
+        given to :meth:`write_kv` — a backend may attend over them directly where a sequence has
+        no cached tokens, instead of reading them back from the pool. ``scale`` multiplies
+        ``q·k``. Reads ``kv_pool`` (after :meth:`write_kv` for this layer), mutates nothing.
+        Returns ``[T, num_heads, head_dim]`` in ``q``'s dtype.
         """

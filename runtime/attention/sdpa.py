@@ -26,12 +26,22 @@ class SDPABackend(AttentionBackend):
     name = "sdpa"
 
     def attend(
-        self, q: torch.Tensor, kv_pool: torch.Tensor, layer: int, meta: BatchMeta, scale: float
+        self,
+        q: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        kv_pool: torch.Tensor,
+        layer: int,
+        meta: BatchMeta,
+        scale: float,
     ) -> torch.Tensor:
         out = torch.empty_like(q)
         for s in range(meta.num_seqs):
             lo, hi = meta.query_start_loc[s], meta.query_start_loc[s + 1]
-            k, v = gather_kv(kv_pool, layer, meta, s)
+            if meta.num_cached_tokens[s] == 0:  # every K/V of the sequence is new: no gather
+                k, v = k_new[lo:hi], v_new[lo:hi]
+            else:
+                k, v = gather_kv(kv_pool, layer, meta, s)
             qs = q[lo:hi].transpose(0, 1)[None]  # [1, num_heads, n, D]
             ks, vs = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, kv_heads, L, D]
             gqa = qs.shape[1] != ks.shape[1]

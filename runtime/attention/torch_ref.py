@@ -31,8 +31,16 @@ class TorchRefBackend(AttentionBackend):
     name = "torch_ref"
 
     def attend(
-        self, q: torch.Tensor, kv_pool: torch.Tensor, layer: int, meta: BatchMeta, scale: float
+        self,
+        q: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        kv_pool: torch.Tensor,
+        layer: int,
+        meta: BatchMeta,
+        scale: float,
     ) -> torch.Tensor:
+        # The reference always reads K/V back from the pool: it checks the paged layout too.
         out = torch.empty_like(q)
         groups = q.shape[1] // kv_pool.shape[4]
         for s in range(meta.num_seqs):
