@@ -1,0 +1,514 @@
+"""The in-process connector: both sides over a :class:`~kvstore.store.TieredStore` that lives in
+the engine process, with a host tier (:class:`~kvstore.tiers.host.HostTier`) as the staging
+ground for every load.
+
+Loads (worker side, one thread per bound load)::
+
+    lease still valid?  -- no --> every block fails ("lease_expired")
+    pages below host?   -- prefetch them into host (store.prefetch), wait <= load_timeout_s
+    resolve host slots  -- the first block absent from host (a miss, a page dropped by its
+                           check, a timeout) fails, with every later block of the request
+    for l in layers:    copy layer l of each page (slab row slice, zero-copy source) into the
+                        engine block; set event[l]        <- wait_for_layer_load(l) waits here
+    re-check slots      -- a page deleted/replaced during the copy fails ("changed")
+    release the lease
+
+A page's layer ``l`` is bytes ``[l * S, (l + 1) * S)`` of the page, ``S = page_bytes /
+num_layers``; an engine block's layer ``l`` is the same ``S`` bytes (see :class:`KVCacheSpec`).
+
+Saves (worker side, one save thread, in submission order): ``save_kv_layer(l)`` queues the copy of
+layer ``l`` of every bound save's blocks into a host staging page; after the last layer the
+thread calls ``store.put(..., tier=host)`` (write policies then copy down). ``wait_for_save``
+waits for the copies out of engine blocks only, never for the puts.
+
+Concurrency: the store holds leases, so eviction cannot take a leased page; a page *deleted*
+during the copy is caught by the slot re-check (the slot is freed only to a later writer; a page
+deleted and re-written into the same slot within one copy is not detected — host pages of one
+key hold the same bytes, so this can only matter for a page replaced with different bytes).
+Worker-side state shared with its threads is guarded by one lock; public methods are for one
+engine thread.
+
+CPU only. The GPU path will add: CUDA tensors in :class:`KVCacheSpec`; per-layer H2D copies from
+the pinned host slab on a load stream with one CUDA event per layer (``wait_for_layer_load``
+makes the compute stream wait on it instead of blocking the host); D2H saves on a save stream
+into pinned staging, recorded by events that ``wait_for_save`` and the put thread wait on; and the
+``csrc/`` gather/scatter kernels that move one layer of many pages in one launch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from connector.base import (
+    ConnectorMetadata,
+    ConnectorStats,
+    FinishedRequests,
+    KVCacheSpec,
+    KVConnectorScheduler,
+    KVConnectorWorker,
+    LoadMatch,
+    LoadSpec,
+    SaveSpec,
+)
+from kvstore.buffers import aligned_pages
+from kvstore.errors import InvalidArgument, LeaseError
+from kvstore.keys import BlockMeta, Namespace
+from kvstore.ops import Spans, copy_spans
+from kvstore.results import Lease
+from kvstore.store import TieredStore
+from kvstore.tiers.host import HostTier
+
+CopyFn = Callable[[Spans], None]
+
+
+def _host_index(store: TieredStore, host_tier: str) -> int:
+    tier = store.tier(host_tier)  # raises InvalidArgument naming the store's tiers
+    ti = store.tiers.index(tier)
+    if not isinstance(tier, HostTier):
+        raise InvalidArgument(
+            f"tier {host_tier!r} is a {type(store.tiers[ti]).__name__}, not a host tier",
+            hint="name the store's host tier in host_tier",
+        )
+    return ti
+
+
+def _check_block_ids(block_ids: Sequence[int], num_blocks: int) -> None:
+    for b in block_ids:
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < num_blocks:
+            raise InvalidArgument(
+                f"block id {b!r} is not in [0, {num_blocks})",
+                hint="pass block ids the engine allocated from its KV cache",
+            )
+    if len(set(block_ids)) != len(block_ids):
+        raise InvalidArgument(f"a block id appears twice: {list(block_ids)}")
+
+
+# ===================================================================== scheduler side
+
+
+@dataclass(slots=True)
+class _Match:
+    keys: tuple[bytes, ...]
+    lease: Lease | None
+    load_async: bool
+    spec: LoadSpec | None = None  # set by update_state_after_alloc
+
+
+class InProcessScheduler(KVConnectorScheduler):
+    """Scheduler side over ``store``. ``num_blocks``: the engine's KV cache size (block ids are
+    checked against it). Loads come from ``host_tier`` and the tiers below it; a page found only
+    in a tier above it (the engine's own hbm pool) ends the match."""
+
+    def __init__(
+        self, store: TieredStore, namespace: Namespace, *, num_blocks: int, host_tier: str = "host"
+    ) -> None:
+        if namespace.layout != store.layout:
+            raise InvalidArgument(
+                f"namespace layout {namespace.layout} differs from the store's {store.layout}"
+            )
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise InvalidArgument(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        self.store = store
+        self.namespace = namespace
+        self.num_blocks = num_blocks
+        self.block_size = store.layout.block_size
+        self._host = _host_index(store, host_tier)
+        self._rank = {t.name: i for i, t in enumerate(store.tiers)}
+        self._matches: dict[str, _Match] = {}
+        self._loads: list[LoadSpec] = []
+        self._saves: list[SaveSpec] = []
+        self._transfers: set[str] = set()  # requests with saves or async loads handed out
+
+    def get_num_new_matched_tokens(
+        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int
+    ) -> LoadMatch:
+        B = self.block_size
+        if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0 or num_computed_tokens % B:
+            raise InvalidArgument(
+                f"num_computed_tokens must be a multiple of block_size={B} and >= 0, "
+                f"got {num_computed_tokens!r}"
+            )
+        max_blocks = (len(token_ids) - 1) // B if len(token_ids) else 0
+        start = num_computed_tokens // B
+        chain = self.namespace.chain(list(token_ids[: max_blocks * B]))  # validates the ids
+        self._drop(request_id)
+        if start >= max_blocks:
+            return LoadMatch(0, False)
+        keys = chain.keys[start:max_blocks]
+        found = self.store.lookup(keys, lease=True)
+        rank = self._rank
+        n = next((i for i, t in enumerate(found.tiers) if rank[t] < self._host), found.num_blocks)
+        if n == 0:
+            if found.lease is not None:
+                self._release(found.lease)
+            return LoadMatch(0, False)
+        load_async = any(rank[t] > self._host for t in found.tiers[:n])
+        self._matches[request_id] = _Match(tuple(keys[:n]), found.lease, load_async)
+        return LoadMatch(n * B, load_async)
+
+    def update_state_after_alloc(
+        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int
+    ) -> None:
+        match = self._matches.get(request_id)
+        if match is None or match.spec is not None:
+            raise InvalidArgument(
+                f"request {request_id!r} has no pending match",
+                hint="call get_num_new_matched_tokens first, once per allocation",
+            )
+        B = self.block_size
+        have = len(match.keys) * B
+        if not isinstance(num_external_tokens, int) or num_external_tokens % B or not 0 <= num_external_tokens <= have:
+            raise InvalidArgument(
+                f"num_external_tokens={num_external_tokens!r} must be a multiple of {B} in "
+                f"[0, {have}] for request {request_id!r}"
+            )
+        n = num_external_tokens // B
+        if len(block_ids) != n:
+            raise InvalidArgument(f"{num_external_tokens} tokens need {n} blocks, got {len(block_ids)}")
+        _check_block_ids(block_ids, self.num_blocks)
+        if n == 0:
+            self._drop(request_id)
+            return
+        match.spec = LoadSpec(
+            request_id, self.namespace.id, tuple(block_ids), match.keys[:n],
+            match.lease, match.load_async,
+        )
+
+    def request_save(
+        self, request_id: str, block_ids: Sequence[int], metas: Sequence[BlockMeta]
+    ) -> None:
+        if len(block_ids) != len(metas):
+            raise InvalidArgument(f"{len(block_ids)} blocks but {len(metas)} block identities")
+        _check_block_ids(block_ids, self.num_blocks)
+        for m in metas:
+            if not isinstance(m, BlockMeta) or len(m.token_ids) != 4 * self.block_size:
+                raise InvalidArgument(f"request_save takes BlockMeta identities, got {m!r:.80}")
+            if m.namespace_id != self.namespace.id or not m.verify_chain():
+                raise InvalidArgument(
+                    f"block {m.key.hex()} is not of this namespace or does not hash from its "
+                    "parent and tokens",
+                    hint="build identities with Namespace.chain()",
+                )
+        held = self.store.tiers[self._host].contains([m.key for m in metas]) if metas else []
+        keep = [i for i, h in enumerate(held) if not h]
+        if keep:
+            self._saves.append(SaveSpec(
+                request_id, tuple(block_ids[i] for i in keep), tuple(metas[i] for i in keep)))
+            self._transfers.add(request_id)
+
+    def build_connector_meta(self) -> ConnectorMetadata:
+        loads = []
+        for rid, match in list(self._matches.items()):
+            if match.spec is not None:
+                loads.append(match.spec)
+                del self._matches[rid]
+                if match.spec.load_async:
+                    self._transfers.add(rid)
+        saves, self._saves = self._saves, []
+        return ConnectorMetadata(tuple(loads), tuple(saves))
+
+    def request_finished(self, request_id: str) -> bool:
+        self._drop(request_id)
+        self._saves = [s for s in self._saves if s.request_id != request_id]
+        if request_id in self._transfers:
+            self._transfers.discard(request_id)
+            return True
+        return False
+
+    def close(self) -> None:
+        for rid in list(self._matches):
+            self._drop(rid)
+
+    def _drop(self, request_id: str) -> None:
+        match = self._matches.pop(request_id, None)
+        if match is not None and match.lease is not None:
+            self._release(match.lease)
+
+    def _release(self, lease: Lease) -> None:
+        try:
+            self.store.release(lease)
+        except LeaseError:
+            pass  # expired already: its pages are unpinned
+
+
+# ===================================================================== worker side
+
+
+@dataclass(eq=False)
+class _LoadJob:
+    spec: LoadSpec
+    layers: list[threading.Event]
+    done: threading.Event = field(default_factory=threading.Event)
+    failed: list[int] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass(eq=False)
+class _SaveJob:
+    spec: SaveSpec
+    staging: np.ndarray  # (n, num_layers, S) uint8
+    layers_saved: set[int] = field(default_factory=set)
+
+
+class InProcessWorker(KVConnectorWorker):
+    """Worker side over ``store``. ``load_timeout_s``: how long a load waits for pages to reach
+    the host tier from below. ``clock``: the store's clock (lease expiry is judged by it).
+    ``copy_fn``: copies one layer's spans (tests inject a slow one)."""
+
+    def __init__(
+        self,
+        store: TieredStore,
+        *,
+        host_tier: str = "host",
+        load_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        copy_fn: CopyFn = copy_spans,
+    ) -> None:
+        if not load_timeout_s > 0:
+            raise InvalidArgument(f"load_timeout_s must be > 0, got {load_timeout_s!r}")
+        self.store = store
+        layout = store.layout
+        self.layout = layout
+        self._host_name = host_tier
+        self._host: HostTier = store.tiers[_host_index(store, host_tier)]  # type: ignore[assignment]
+        self._slab = self._host.slab_tensor.numpy().reshape(
+            self._host.capacity_pages, layout.num_layers, -1)
+        self._layer_bytes = layout.page_bytes // layout.num_layers
+        self.load_timeout_s = load_timeout_s
+        self._clock = clock
+        self._copy = copy_fn
+        self._spec: KVCacheSpec | None = None
+        self._layers: list[np.ndarray] = []  # per layer: (num_blocks, S) uint8 views
+        self._lock = threading.Lock()
+        self._meta: ConnectorMetadata | None = None
+        self._step_loads: list[_LoadJob] = []
+        self._step_saves: list[_SaveJob] = []
+        self._jobs: list[_LoadJob] = []  # loads not yet reported
+        self._copies: list[Future[None]] = []  # save copies not yet waited for
+        self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvconnector-save")
+        self._inflight: Counter[str] = Counter()  # saves + async loads per request
+        self._tracked: set[str] = set()  # requests that had saves or async loads
+        self._finishing: set[str] = set()
+        self._errors: set[int] = set()
+        self._loaded = 0
+        self._saved = 0
+        self._abandoned = 0
+        self._failures: Counter[str] = Counter()
+
+    # ----------------------------------------------------------------- registration, plan
+
+    def register_kv_caches(self, spec: KVCacheSpec) -> None:
+        if not isinstance(spec, KVCacheSpec):
+            raise InvalidArgument(f"register_kv_caches takes a KVCacheSpec, got {type(spec).__name__}")
+        spec.validate(self.layout)
+        with self._lock:
+            if self._meta is not None or any(not j.done.is_set() for j in self._jobs) or any(self._inflight.values()):
+                raise InvalidArgument("cannot re-register KV caches while transfers are in flight")
+        n, L = spec.num_blocks, self.layout.num_layers
+        if spec.layout == "page_first":
+            whole = spec.tensors[0].view(n, -1).view(torch.uint8).numpy().reshape(n, L, -1)
+            layers = [whole[:, lyr, :] for lyr in range(L)]
+        else:
+            layers = [t.view(n, -1).view(torch.uint8).numpy() for t in spec.tensors]
+        assert all(v.shape == (n, self._layer_bytes) for v in layers)
+        self._spec, self._layers = spec, layers
+
+    def bind_connector_metadata(self, meta: ConnectorMetadata) -> None:
+        if not isinstance(meta, ConnectorMetadata):
+            raise InvalidArgument(f"expected ConnectorMetadata, got {type(meta).__name__}")
+        if self._spec is None:
+            raise InvalidArgument("no KV caches registered", hint="call register_kv_caches first")
+        if self._meta is not None:
+            raise InvalidArgument("a plan is already bound", hint="call clear_connector_metadata")
+        nb = self._spec.num_blocks
+        for spec in meta.loads:
+            _check_block_ids(spec.block_ids, nb)
+        for save in meta.saves:
+            _check_block_ids(save.block_ids, nb)
+        L, S = self.layout.num_layers, self._layer_bytes
+        self._meta = meta
+        self._step_loads = []
+        self._step_saves = [
+            _SaveJob(s, aligned_pages(len(s.block_ids), self.layout.page_bytes).reshape(-1, L, S))
+            for s in meta.saves
+        ]
+        with self._lock:
+            for s in meta.saves:
+                self._inflight[s.request_id] += 1
+                self._tracked.add(s.request_id)
+
+    def clear_connector_metadata(self) -> None:
+        L = self.layout.num_layers
+        for job in self._step_saves:
+            if len(job.layers_saved) < L:
+                self._abandon(job)
+        self._meta, self._step_loads, self._step_saves = None, [], []
+
+    # ----------------------------------------------------------------- loads
+
+    def start_load_kv(self) -> None:
+        if self._meta is None:
+            raise InvalidArgument("no plan bound", hint="call bind_connector_metadata first")
+        if self._step_loads:
+            raise InvalidArgument("this step's loads were already started")
+        for spec in self._meta.loads:
+            job = _LoadJob(spec, [threading.Event() for _ in range(self.layout.num_layers)])
+            with self._lock:
+                self._jobs.append(job)
+                if spec.load_async:
+                    self._inflight[spec.request_id] += 1
+                    self._tracked.add(spec.request_id)
+            if not spec.load_async:
+                self._step_loads.append(job)
+            threading.Thread(target=self._run_load, args=(job,), daemon=True,
+                             name=f"kvconnector-load-{spec.request_id}").start()
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        self._check_layer(layer)
+        for job in self._step_loads:
+            job.layers[layer].wait()
+
+    def _run_load(self, job: _LoadJob) -> None:
+        spec, host = job.spec, self._host
+        keys, n = list(spec.keys), len(spec.keys)
+        good, reason = 0, ""
+        slots: list[int] = []
+        try:
+            if spec.lease is not None and spec.lease.expires_at <= self._clock():
+                reason = "lease_expired"
+            else:
+                deadline = time.monotonic() + self.load_timeout_s
+                first_missing = host.count_leading(keys)
+                if first_missing < n:
+                    fut = self.store.prefetch(spec.namespace_id, keys[first_missing:], to=self._host_name)
+                    try:
+                        fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                    except FutureTimeout:
+                        reason = "timeout"
+                for k in keys:
+                    slot = host.slot_of(k)
+                    meta = host.meta(k) if slot is not None else None
+                    if slot is None or meta is None or meta.namespace_id != spec.namespace_id:
+                        break
+                    slots.append(slot)
+                good = len(slots)
+                if good < n and not reason:
+                    reason = "miss"
+            for lyr in range(self.layout.num_layers):
+                if good:
+                    dst = self._layers[lyr]
+                    self._copy([(dst[spec.block_ids[i]], self._slab[slots[i], lyr]) for i in range(good)])
+                job.layers[lyr].set()
+            for i in range(good):  # a page deleted or replaced during the copy
+                if host.slot_of(keys[i]) != slots[i]:
+                    good, reason = i, "changed"
+                    break
+        except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
+            good, reason = 0, "error"
+        finally:
+            for ev in job.layers:
+                ev.set()
+            if spec.lease is not None:
+                try:
+                    self.store.release(spec.lease)
+                except LeaseError:
+                    pass
+            with self._lock:
+                job.failed = list(spec.block_ids[good:])
+                job.reason = reason
+                self._loaded += good
+                if job.failed:
+                    self._failures[reason] += len(job.failed)
+                    self._errors.update(job.failed)
+                if spec.load_async:
+                    self._inflight[spec.request_id] -= 1
+            job.done.set()
+
+    # ----------------------------------------------------------------- saves
+
+    def save_kv_layer(self, layer: int) -> None:
+        self._check_layer(layer)
+        if self._meta is None:
+            raise InvalidArgument("no plan bound", hint="call bind_connector_metadata first")
+        if any(layer in j.layers_saved for j in self._step_saves):
+            raise InvalidArgument(f"layer {layer} was already saved this step")
+        L = self.layout.num_layers
+        for job in self._step_saves:
+            job.layers_saved.add(layer)
+            src = self._layers[layer]
+            spans = [(job.staging[i, layer], src[b]) for i, b in enumerate(job.spec.block_ids)]
+            self._copies.append(self._saver.submit(self._copy, spans))
+            if len(job.layers_saved) == L:
+                self._saver.submit(self._put, job)
+
+    def wait_for_save(self) -> None:
+        copies, self._copies = self._copies, []
+        for f in copies:
+            f.result()
+
+    def _put(self, job: _SaveJob) -> None:
+        try:
+            pages = job.staging.reshape(len(job.spec.block_ids), -1)
+            res = self.store.put(list(job.spec.metas), pages, tier=self._host_name)
+            with self._lock:
+                self._saved += res.stored
+        except Exception:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
+            with self._lock:
+                self._abandoned += 1
+        finally:
+            with self._lock:
+                self._inflight[job.spec.request_id] -= 1
+
+    def _abandon(self, job: _SaveJob) -> None:
+        with self._lock:
+            self._abandoned += 1
+            self._inflight[job.spec.request_id] -= 1
+
+    # ----------------------------------------------------------------- completion
+
+    def get_finished(self, finished_req_ids: Sequence[str]) -> FinishedRequests:
+        with self._lock:
+            recving = set()
+            for job in [j for j in self._jobs if j.done.is_set()]:
+                self._jobs.remove(job)
+                if job.spec.load_async:
+                    recving.add(job.spec.request_id)
+            self._finishing.update(r for r in finished_req_ids if r in self._tracked)
+            sending = {r for r in self._finishing if self._inflight[r] <= 0}
+            for r in sending:
+                self._finishing.discard(r)
+                self._tracked.discard(r)
+                self._inflight.pop(r, None)
+        return FinishedRequests(frozenset(sending), frozenset(recving))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        with self._lock:
+            errors, self._errors = self._errors, set()
+        return errors
+
+    def stats(self) -> ConnectorStats:
+        with self._lock:
+            return ConnectorStats(self._loaded, self._saved, self._abandoned, dict(self._failures))
+
+    def close(self) -> None:
+        """Wait for every load and save, then stop the save thread."""
+        for job in list(self._jobs):
+            job.done.wait()
+        self._saver.shutdown(wait=True)
+
+    def _check_layer(self, layer: int) -> None:
+        L = self.layout.num_layers
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < L:
+            raise InvalidArgument(f"layer {layer!r} is not in [0, {L})")
+
+
+__all__ = ["InProcessScheduler", "InProcessWorker"]
