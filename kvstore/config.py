@@ -223,6 +223,10 @@ TierConfig = Annotated[
 ]
 
 
+def _default_tier() -> TierConfig:
+    return HostTierConfig()
+
+
 class StoreConfig(_Strict):
     write_policy: Literal["write_through", "write_back", "selective"] = "write_back"
     selective_hits: PositiveInt = 2
@@ -240,7 +244,7 @@ class KVStoreConfig(BaseSettings):
     tenant_salt: str = ""
     layout: LayoutConfig = LayoutConfig()
     store: StoreConfig = StoreConfig()
-    tiers: list[TierConfig] = Field(default_factory=lambda: [HostTierConfig()], min_length=1)
+    tiers: list[TierConfig] = Field(default_factory=lambda: [_default_tier()], min_length=1)
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -140,21 +140,21 @@ class TieredStore:
                     if ti:  # hand back the part of the run that a faster tier also holds
                         window = keys[pos : pos + run]
                         for faster in self.tiers[:ti]:
-                            held = faster.contains(window)
-                            run = next((i for i, h in enumerate(held) if h), run)
+                            there = faster.contains(window)
+                            run = next((i for i, h in enumerate(there) if h), run)
                             window = window[:run]
                     tiers.extend([tier.name] * run)
                     pos += run
                     break
             else:
                 break
-        held: Lease | None = None
+        granted: Lease | None = None
         if lease and pos:
-            held = self._new_lease(tuple(keys[:pos]))
+            granted = self._new_lease(tuple(keys[:pos]))
         self._m_lookup_hit.inc(pos)
         self._m_lookup_miss.inc(n - pos)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
-        return LookupResult(pos, tuple(tiers), held)
+        return LookupResult(pos, tuple(tiers), granted)
 
     def release(self, lease: Lease | int) -> None:
         """Unpin a lease's pages. Releasing an expired or unknown lease raises LeaseError."""
@@ -267,9 +267,9 @@ class TieredStore:
         pins = self._pins
         if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
             in_use = tier.is_in_use
-            victims = policy.evict(need, lambda k: k in pins or in_use(k))
+            victims = cast("list[bytes]", policy.evict(need, lambda k: k in pins or in_use(k)))
         else:
-            victims = policy.evict(need, pins.__contains__)
+            victims = cast("list[bytes]", policy.evict(need, pins.__contains__))
         if not victims:
             return
         below = ti + 1 < len(self.tiers)
@@ -466,7 +466,7 @@ class TieredStore:
                 assert tier.used_pages <= tier.capacity_pages, f"{tier.name}: over capacity"
                 if tier.shared:
                     continue  # other nodes delete its pages; the policy learns on the next read
-                tracked = list(policy)
+                tracked = cast("list[bytes]", list(policy))
                 held = tier.contains(tracked) if tracked else []
                 lost = [k.hex() for k, h in zip(tracked, held) if not h]
                 assert not lost, f"{tier.name}: policy tracks keys the tier lacks: {lost[:3]}"

@@ -109,8 +109,8 @@ def probe_o_direct(directory: Path) -> str | None:
     try:
         fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_TRUNC | O_DIRECT, 0o600)
         try:
-            os.pwritev(fd, [buf], 0)
-            os.preadv(fd, [buf], 0)
+            os.pwritev(fd, [buf.data], 0)
+            os.preadv(fd, [buf.data], 0)
         finally:
             os.close(fd)
     except OSError as exc:
