@@ -13,6 +13,21 @@ The pool (:class:`~kvstore.tiers.hbm.HBMTier`) is the paged KV cache: its ``pool
 model's ``kv_pool``; prefix-cache entries are its committed blocks. Eviction of cached blocks goes
 through the pool's owner — a :class:`~kvstore.store.TieredStore` (write-back to lower tiers) or,
 for a bare pool, a :class:`~kvstore.tiers.hbm_owner.LocalOwner` the engine attaches.
+
+With a KV connector (``connector=(InProcessScheduler, InProcessWorker)``, built automatically by
+:meth:`Engine.from_config` when a host tier is among the lower tiers), a step becomes::
+
+    schedule()  (admission: hbm prefix, then connector match -> allocate -> update_state_after_alloc;
+                 request_save for blocks that become full in this step's chunks)
+    build_connector_meta -> bind -> start_load_kv   (async loads: waited for here, same step)
+    model forward with layer hooks: wait_for_layer_load(l) | attention(l) | save_kv_layer(l)
+    wait until this step's loads ended -> get_block_ids_with_load_errors -> clear metadata
+    failed loads: the request rolls back to its first failed block, its chunk is discarded
+    sample, update; get_finished(ended requests) -> free blocks whose transfers are done
+
+Saves are not waited for at the end of a step (only where blocks are freed early: a preempted
+request, a duplicate block released at commit); finished requests' blocks are freed when the
+connector reports them in ``sending`` (:meth:`Engine.drain` waits for all of them).
 """
 
 from __future__ import annotations
@@ -20,10 +35,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from connector.base import KVCacheSpec, KVConnectorScheduler, KVConnectorWorker
+from connector.inprocess import InProcessScheduler, InProcessWorker
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
@@ -31,13 +49,27 @@ from kvstore.store import TieredStore
 from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm import HBMTier
 from kvstore.tiers.hbm_owner import LocalOwner
+from kvstore.tiers.host import HostTier
 from runtime.attention import DEFAULT_BACKEND
 from runtime.batch import SeqInput, build_batch
 from runtime.config import get_model_config
 from runtime.model import LlamaForPagedLM
 from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams, sample
-from runtime.scheduler import Scheduler, SchedulerConfig
+from runtime.scheduler import EngineConnector, Scheduler, SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class _ConnectorHooks:
+    """Per-layer model hooks: wait for the layer's loads before its attention, save after."""
+
+    worker: KVConnectorWorker
+
+    def before(self, layer: int) -> None:
+        self.worker.wait_for_layer_load(layer)
+
+    def after(self, layer: int) -> None:
+        self.worker.save_kv_layer(layer)
 
 
 class Engine:
@@ -54,10 +86,16 @@ class Engine:
         chunk_size: int | None = None,
         enable_prefix_caching: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        connector: tuple[KVConnectorScheduler, KVConnectorWorker] | None = None,
     ) -> None:
         """Raises InvalidArgument when the pool does not fit the model or the namespace's layout
         differs from the pool's, or for a bad scheduler setting. A pool without an owner gets a
-        :class:`LocalOwner` (LRU), so cached blocks can be reclaimed."""
+        :class:`LocalOwner` (LRU), so cached blocks can be reclaimed.
+
+        ``connector``: the scheduler and worker sides of a KV connector over the store the pool
+        belongs to (built for ``namespace`` and ``pool.num_blocks``); the pool is registered
+        with the worker as a page-first KV cache. Full blocks are handed to ``request_save``
+        unless the connector's store is write-through (its commits are copied down already)."""
         if not isinstance(pool, HBMTier):
             raise InvalidArgument(f"pool must be an HBMTier, got {type(pool).__name__}",
                                   hint="build it with kvstore.tiers.hbm.HBMTier")
@@ -75,7 +113,18 @@ class Engine:
         if pool.owner is None:
             pool.attach(LocalOwner(pool))
         self._clock = clock
-        self.scheduler = Scheduler(pool, namespace, self.config, clock)
+        self.connector: EngineConnector | None = None
+        if connector is not None:
+            csched, worker = connector
+            if not isinstance(csched, KVConnectorScheduler) or not isinstance(worker, KVConnectorWorker):
+                raise InvalidArgument(
+                    "connector must be (KVConnectorScheduler, KVConnectorWorker), got "
+                    f"({type(csched).__name__}, {type(worker).__name__})")
+            worker.register_kv_caches(KVCacheSpec.page_first(pool.pool))
+            cstore = getattr(csched, "store", None)
+            save = not (isinstance(cstore, TieredStore) and cstore.write_policy == "write_through")
+            self.connector = EngineConnector(csched, worker, save)
+        self.scheduler = Scheduler(pool, namespace, self.config, clock, self.connector)
         self._ids = itertools.count()
         self._known_ids: set[str] = set()
         #: The store the pool belongs to when built by :meth:`from_config` (else None).
@@ -97,15 +146,24 @@ class Engine:
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of
         ``num_blocks`` blocks in a :class:`TieredStore` over ``[hbm, *lower_tiers]`` (exposed as
-        ``engine.store``), and the engine (``engine_kwargs`` as for ``__init__``)."""
+        ``engine.store``), and the engine (``engine_kwargs`` as for ``__init__``). When a
+        :class:`HostTier` is among ``lower_tiers`` and the pool is on the CPU, the engine gets an
+        in-process KV connector over the store and its first host tier (prefixes evicted from
+        hbm are loaded back instead of recomputed)."""
         cfg = get_model_config(config_name)
         model = LlamaForPagedLM.from_random(cfg, seed, backend=backend, device=device)
         layout = cfg.kv_layout(block_size)
         metrics = lower_tiers[0].metrics if lower_tiers else Metrics()
         pool = HBMTier("hbm", layout, num_blocks, metrics, device=device)
         store = TieredStore(layout, [pool, *lower_tiers], write_policy=write_policy)  # type: ignore[arg-type]
-        engine = cls(model, pool, Namespace(f"random/{config_name}/{seed}", layout),
-                     **engine_kwargs)
+        namespace = Namespace(f"random/{config_name}/{seed}", layout)
+        host = next((t for t in lower_tiers if isinstance(t, HostTier)), None)
+        if host is not None and pool.pool.device.type == "cpu" and "connector" not in engine_kwargs:
+            engine_kwargs["connector"] = (
+                InProcessScheduler(store, namespace, num_blocks=num_blocks, host_tier=host.name),
+                InProcessWorker(store, host_tier=host.name),
+            )
+        engine = cls(model, pool, namespace, **engine_kwargs)
         engine.store = store
         return engine
 
@@ -167,27 +225,113 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the requests that finished in it."""
         chunks = self.scheduler.schedule()
+        conn = self.connector
+        bound = False
+        rolled: set[str] = set()
+        if conn is not None:
+            meta = conn.scheduler.build_connector_meta()
+            if meta.loads or meta.saves:
+                conn.worker.bind_connector_metadata(meta)
+                bound = True
+        try:
+            if bound:
+                assert conn is not None
+                conn.worker.start_load_kv()
+                if any(ld.load_async for ld in meta.loads):
+                    self._wait_loads()  # loads from below host: waited for in this step
+            hooks = _ConnectorHooks(conn.worker) if bound and conn is not None else None
+            logits = self._forward(chunks, hooks)
+            if bound:
+                assert conn is not None
+                self._wait_loads()
+                errors = conn.worker.get_block_ids_with_load_errors()
+                if errors:
+                    rolled = self.scheduler.apply_load_errors(errors)
+        finally:
+            if bound and conn is not None:
+                conn.worker.clear_connector_metadata()
         if chunks:
-            seqs = [
-                SeqInput(ch.request.token_ids[ch.start: ch.start + ch.num_tokens],
-                         ch.request.block_ids, ch.start, "last" if ch.sample else "none")
-                for ch in chunks
-            ]
-            batch = build_batch(seqs, self.model.config, block_size=self.pool.layout.block_size,
-                                num_blocks=self.pool.num_blocks, device=self.pool.device)
-            logits = self.model(batch, self.pool.pool)
+            assert logits is not None
             sampled: dict[str, int] = {}
             row = 0
             for ch in chunks:
                 if ch.sample:
                     req = ch.request
-                    sampled[req.request_id] = sample(logits[row], req.params, req.generator)
+                    if req.request_id not in rolled:
+                        sampled[req.request_id] = sample(logits[row], req.params, req.generator)
                     row += 1
-            self.scheduler.update(chunks, sampled)
+            self.scheduler.update([ch for ch in chunks if ch.request.request_id not in rolled],
+                                  sampled)
+        if conn is not None:
+            self._reap()
         done = self.scheduler.take_finished()
         for req in done:
             self._known_ids.discard(req.request_id)
         return [req.to_output() for req in done]
+
+    def _forward(self, chunks: list[Any], hooks: _ConnectorHooks | None) -> torch.Tensor | None:
+        """Run the chunks through the model (with the connector's layer hooks); without
+        chunks, still walk the hooks so a bound plan's loads and saves run."""
+        if not chunks:
+            if hooks is not None:
+                for lyr in range(self.model.config.num_layers):
+                    hooks.before(lyr)
+                    hooks.after(lyr)
+            return None
+        seqs = [
+            SeqInput(ch.request.token_ids[ch.start: ch.start + ch.num_tokens],
+                     ch.request.block_ids, ch.start, "last" if ch.sample else "none")
+            for ch in chunks
+        ]
+        batch = build_batch(seqs, self.model.config, block_size=self.pool.layout.block_size,
+                            num_blocks=self.pool.num_blocks, device=self.pool.device)
+        return self.model(batch, self.pool.pool, layer_hooks=hooks)
+
+    def _wait_loads(self) -> None:
+        """Block until every load handed to the worker has ended, so its failed blocks are all
+        reported. The connector API has no public call for this (wait_for_layer_load returns
+        before a load's final re-check; async loads are reported only through get_finished),
+        so this waits on the in-process worker's load jobs."""
+        assert self.connector is not None
+        for job in list(getattr(self.connector.worker, "_jobs", ())):
+            job.done.wait()
+
+    def _reap(self) -> None:
+        """Pass ended requests to the worker; free the blocks of those whose transfers are done."""
+        assert self.connector is not None
+        fin = self.connector.worker.get_finished(self.scheduler.take_connector_finished())
+        if fin.sending:
+            self.scheduler.free_delayed(fin.sending)
+
+    @property
+    def num_pending_frees(self) -> int:
+        """Ended requests whose blocks wait for the connector's transfers (delayed free)."""
+        return self.scheduler.num_delayed_frees
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait until every delayed free happened (all saves of ended requests are stored).
+        Raises TimeoutError after ``timeout_s``."""
+        if self.connector is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.connector.worker.wait_for_save()
+        self._reap()
+        while self.scheduler.num_delayed_frees:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.scheduler.num_delayed_frees} requests still wait for "
+                                   "their KV transfers")
+            time.sleep(0.001)
+            self._reap()
+
+    def close(self) -> None:
+        """Drain the connector and stop its threads (no-op without one)."""
+        if self.connector is None:
+            return
+        self.drain()
+        for side in (self.connector.worker, self.connector.scheduler):
+            close = getattr(side, "close", None)  # not part of the connector ABCs
+            if close is not None:
+                close()
 
     def generate(
         self,

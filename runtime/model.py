@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +147,14 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
+class LayerHooks(Protocol):
+    """Per-layer callbacks around each decoder layer's attention (see :meth:`LlamaForPagedLM.forward`)."""
+
+    def before(self, layer: int) -> None: ...
+
+    def after(self, layer: int) -> None: ...
+
+
 class LlamaForPagedLM(nn.Module):
     """Llama decoder over a paged KV pool. Build with :meth:`from_random` or
     :meth:`from_checkpoint`; run with :meth:`forward`. Weights are frozen (inference only)."""
@@ -240,7 +248,7 @@ class LlamaForPagedLM(nn.Module):
 
     @torch.inference_mode()
     def forward(  # type: ignore[override]
-        self, batch: Batch, kv_pool: torch.Tensor
+        self, batch: Batch, kv_pool: torch.Tensor, layer_hooks: LayerHooks | None = None
     ) -> torch.Tensor:
         """Run ``batch`` (from :func:`runtime.batch.build_batch`) through the model.
 
@@ -248,6 +256,10 @@ class LlamaForPagedLM(nn.Module):
         else), attends causally over each sequence's cached + new tokens, and returns float32
         logits ``[len(batch.meta.logits_indices), vocab_size]``, rows in sequence order. The pool
         is validated before anything is written.
+
+        ``layer_hooks`` (optional): ``before(l)`` is called right before layer ``l``'s attention
+        (reads/writes the pool), ``after(l)`` right after it — the seam a KV connector uses to
+        wait for a layer's loads and start a layer's saves.
         """
         meta = batch.meta
         self.check_kv_pool(kv_pool, meta.block_size)
@@ -263,9 +275,13 @@ class LlamaForPagedLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(self.config.torch_dtype), emb.sin().to(self.config.torch_dtype)
         x = self.model.embed_tokens(batch.input_ids)
-        for layer in cast("list[DecoderLayer]", self.model.layers):
+        for i, layer in enumerate(cast("list[DecoderLayer]", self.model.layers)):
+            if layer_hooks is not None:
+                layer_hooks.before(i)
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, kv_pool, batch,
                                     self.backend)
+            if layer_hooks is not None:
+                layer_hooks.after(i)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x[meta.logits_indices])
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -40,7 +40,8 @@ class RequestMetrics:
     ``num_tokens_computed``: tokens run through the model in prefill — the prompt part not found
     in the cache, plus everything recomputed after a preemption (decode steps are not counted).
     ``num_tokens_reused``: tokens whose K/V came from the cache instead, by tier (``{"hbm": n}``),
-    summed over admissions. Without preemption ``computed + sum(reused) == len(prompt)``.
+    summed over admissions; with a KV connector also ``"host"`` (tokens loaded from the host
+    tier or below). Without preemption ``computed + sum(reused) == len(prompt)``.
     ``num_preemptions``: times the request was evicted from the running set to free blocks.
     """
 
@@ -51,6 +52,9 @@ class RequestMetrics:
     num_tokens_computed: int
     num_tokens_reused: dict[str, int]
     num_preemptions: int
+    #: Tokens whose K/V a connector load failed to supply and that were recomputed instead
+    #: (they count in ``num_tokens_computed``, not in ``num_tokens_reused``).
+    num_tokens_load_failed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,16 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
+    #: Connector state (None/empty without a connector). ``connector_id``: this admission's id
+    #: at the connector (fresh per admission, so a preempted request's in-flight transfers are
+    #: never confused with its next admission's). ``num_saved_blocks``: leading blocks that are
+    #: saved, loaded or hbm hits (saves go past it). ``load_start``/``load_block_ids``: the
+    #: blocks being loaded this step (block index of the first, engine block ids).
+    connector_id: str | None = None
+    num_saved_blocks: int = 0
+    load_start: int = 0
+    load_block_ids: list[int] = field(default_factory=list)
+    num_tokens_load_failed: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -124,6 +138,7 @@ class Request:
             num_tokens_computed=self.num_tokens_computed,
             num_tokens_reused=dict(self.num_tokens_reused),
             num_preemptions=self.num_preemptions,
+            num_tokens_load_failed=self.num_tokens_load_failed,
         )
         return RequestOutput(self.request_id, list(self.prompt_token_ids),
                              self.output_token_ids, self.finish_reason, metrics, self.error)

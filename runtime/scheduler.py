@@ -21,16 +21,27 @@ block that became full under its key (a duplicate switches the table to the exis
 releases ours), appends sampled tokens, and finishes requests (stop token / ``max_tokens``),
 releasing their blocks — committed ones stay cached in the pool for later hits.
 
+With a KV connector (:class:`EngineConnector`), admission asks it, after the hbm prefix, how
+many more whole blocks the host tier (or a tier below it) can supply; blocks are allocated for
+them and they count as computed (the engine loads them before the request's first forward reads
+them; asynchronous loads are waited for in the same step). Blocks that become full in a chunk are
+handed to ``request_save`` (saved layer by layer during that chunk's forward) unless the store is
+write-through (the hbm commit already copied them down). A request's blocks are freed only once
+the connector reports its transfers done (delayed free, see :meth:`Scheduler.free_delayed`). A
+failed load rolls the request back to its first failed block (:meth:`apply_load_errors`).
+
 No deadlock: a running request is only ever blocked by blocks that other running requests hold,
 and those are preempted from the tail; a lone request fits by the admission check.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from connector.base import KVConnectorScheduler, KVConnectorWorker
 from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
 from kvstore.tiers.hbm import HBMTier
@@ -80,12 +91,22 @@ class ScheduledChunk:
         return self.start + self.num_tokens == self.request.num_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class EngineConnector:
+    """The two sides of a KV connector as one engine uses them. ``save``: hand full blocks to
+    ``request_save`` (False when the store's write policy already copies every commit down)."""
+
+    scheduler: KVConnectorScheduler
+    worker: KVConnectorWorker
+    save: bool = True
+
+
 class Scheduler:
     """Owns the waiting queue, the running list and every block the engine holds in ``pool``.
     Not thread-safe: one engine loop drives it."""
 
     def __init__(self, pool: HBMTier, namespace: Namespace, config: SchedulerConfig,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], connector: EngineConnector | None = None) -> None:
         self.pool = pool
         self.namespace = namespace
         self.config = config
@@ -96,6 +117,13 @@ class Scheduler:
         self._finished: list[Request] = []  # finished since the last take_finished()
         #: Totals over the engine's life (for tests and stats).
         self.num_preemptions = 0
+        self.num_tokens_loaded = 0  # tokens loaded through the connector (successfully)
+        self.num_tokens_load_failed = 0  # tokens whose load failed (recomputed)
+        self.connector = connector
+        self._admissions = itertools.count()
+        self._loading: list[Request] = []  # requests with a load in this step
+        self._conn_finished: list[str] = []  # connector ids ended since take_connector_finished
+        self._delayed: dict[str, list[int]] = {}  # connector id -> blocks freed once reported
 
     # ----------------------------------------------------------------- queue
 
@@ -112,6 +140,7 @@ class Scheduler:
     # ----------------------------------------------------------------- schedule
 
     def schedule(self) -> list[ScheduledChunk]:
+        self._loading = []
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted = False
@@ -129,6 +158,7 @@ class Scheduler:
                     break
             else:
                 chunks.append(ScheduledChunk(req, req.num_computed_tokens, n))
+                self._request_saves(req, req.num_computed_tokens + n)
                 budget -= n
                 i += 1
         if preempted:
@@ -144,9 +174,14 @@ class Scheduler:
                     f"{req.params.max_tokens}), the pool has {self.pool.num_blocks}"))
                 continue
             hits = self._acquire_prefix(req)
+            loaded = self._match_external(req, hits)
             n = min(req.num_tokens - req.num_computed_tokens, self.config.max_chunk_tokens,
                     budget)
             if not self._grow(req, n):
+                if loaded:  # drop the connector's match: nothing is loaded
+                    assert self.connector is not None and req.connector_id is not None
+                    self.connector.scheduler.update_state_after_alloc(req.connector_id, [], 0)
+                req.connector_id = None
                 self._reset(req)
                 if not self.running:
                     self.waiting.popleft()
@@ -157,10 +192,22 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.num_tokens_reused["hbm"] += hits * self.block_size
+            if self.connector is not None and req.connector_id is not None:
+                req.num_tokens_reused.setdefault("host", 0)
+                if loaded:
+                    ntok = len(loaded) * self.block_size
+                    self.connector.scheduler.update_state_after_alloc(
+                        req.connector_id, loaded, ntok)
+                    req.num_tokens_reused["host"] += ntok
+                    self.num_tokens_loaded += ntok
+                    req.load_start, req.load_block_ids = hits, loaded
+                    self._loading.append(req)
+                req.num_saved_blocks = hits + len(loaded)
             req.status = RequestStatus.RUNNING
             req.in_prefill = True
             self.running.append(req)
             chunks.append(ScheduledChunk(req, req.num_computed_tokens, n))
+            self._request_saves(req, req.num_computed_tokens + n)
             budget -= n
         return chunks
 
@@ -177,6 +224,101 @@ class Scheduler:
         req.num_computed_tokens = len(blocks) * self.block_size
         req.num_committed_blocks = len(blocks)
         return len(blocks)
+
+    def _match_external(self, req: Request, hits: int) -> list[int]:
+        """Ask the connector for blocks past the hbm prefix; allocate blocks for them (they are
+        loaded this step). Returns the allocated block ids (the match is left pending: the
+        caller confirms it with ``update_state_after_alloc`` or drops it)."""
+        conn = self.connector
+        if conn is None or not self.config.enable_prefix_caching:
+            return []
+        cid = req.connector_id = f"{req.request_id}#{next(self._admissions)}"
+        match = conn.scheduler.get_num_new_matched_tokens(
+            cid, req.token_ids, hits * self.block_size)
+        nblk = match.num_tokens // self.block_size
+        if nblk == 0:
+            return []
+        got = self.pool.allocate(nblk)
+        if got is None:  # no room to load into: recompute instead
+            conn.scheduler.update_state_after_alloc(cid, [], 0)
+            return []
+        req.block_ids.extend(got)
+        req.num_computed_tokens += nblk * self.block_size
+        return got
+
+    def _request_saves(self, req: Request, computed_after: int) -> None:
+        """Hand the blocks that become full in this step's chunk to the connector (saved layer
+        by layer during the forward). Not for a request loading this step: if its load fails,
+        the chunk's K/V is garbage; those blocks are saved with its next chunk instead."""
+        conn = self.connector
+        if (conn is None or not conn.save or not self.config.enable_prefix_caching
+                or req.connector_id is None or req in self._loading):
+            return
+        start, stop = req.num_saved_blocks, computed_after // self.block_size
+        if stop <= start:
+            return
+        conn.scheduler.request_save(req.connector_id, req.block_ids[start:stop],
+                                    self._metas(req, start, stop))
+        req.num_saved_blocks = stop
+
+    def apply_load_errors(self, bad_blocks: set[int]) -> set[str]:
+        """Roll back every request of this step whose load failed to its first failed block
+        (it recomputes from there). Returns the ids of the rolled-back requests (their chunk's
+        results must be discarded)."""
+        rolled: set[str] = set()
+        for req in self._loading:
+            idx = next((i for i, b in enumerate(req.load_block_ids) if b in bad_blocks), None)
+            if idx is None:
+                continue
+            first = req.load_start + idx
+            failed = (len(req.load_block_ids) - idx) * self.block_size
+            req.num_computed_tokens = first * self.block_size
+            req.num_saved_blocks = min(req.num_saved_blocks, first)
+            req.num_tokens_reused["host"] -= failed
+            req.num_tokens_load_failed += failed
+            self.num_tokens_loaded -= failed
+            self.num_tokens_load_failed += failed
+            rolled.add(req.request_id)
+        return rolled
+
+    def take_connector_finished(self) -> list[str]:
+        """Connector ids of requests ended (finished or preempted) since the last call, whose
+        transfers may be in flight (pass them to the worker's ``get_finished``)."""
+        done, self._conn_finished = self._conn_finished, []
+        return done
+
+    def free_delayed(self, connector_ids: Iterable[str]) -> None:
+        """The connector reported these requests' transfers done: free their blocks."""
+        for cid in connector_ids:
+            blocks = self._delayed.pop(cid, None)
+            if blocks:
+                self.pool.release(blocks)
+
+    @property
+    def num_delayed_frees(self) -> int:
+        return len(self._delayed)
+
+    def _end_connector_request(self, req: Request, *, preempted: bool) -> bool:
+        """Tell the connector the request's admission ended. True: its blocks were taken over
+        (freed later by :meth:`free_delayed`, or now after waiting for copies out of them)."""
+        conn, cid = self.connector, req.connector_id
+        req.connector_id = None
+        req.load_block_ids = []
+        if conn is None or cid is None:
+            return False
+        held = conn.scheduler.request_finished(cid)
+        if held:
+            self._conn_finished.append(cid)
+        if preempted or not held:
+            if held:  # the blocks are needed now: wait only for the copies out of them
+                conn.worker.wait_for_save()
+                self._delayed[cid] = []
+            return False
+        self._delayed[cid] = list(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.num_committed_blocks = 0
+        return True
 
     def _grow(self, req: Request, num_new_tokens: int) -> bool:
         """Allocate the blocks ``num_new_tokens`` more tokens need; False on back-pressure."""
@@ -199,6 +341,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         # Output tokens are kept: on re-admission prompt + output are recomputed (or hit).
+        self._end_connector_request(req, preempted=True)
         self._reset(req)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -235,22 +378,30 @@ class Scheduler:
         start, stop = req.num_committed_blocks, req.num_computed_tokens // self.block_size
         if stop <= start:
             return
+        metas = self._metas(req, start, stop)
+        results = self.pool.commit(req.block_ids[start:stop], metas)
+        waited = False
+        for i, r in enumerate(results, start):
+            if r.duplicate:  # another request committed these tokens first: share its block
+                mine = req.block_ids[i]
+                req.block_ids[i] = r.block_id
+                if self.connector is not None and not waited:
+                    self.connector.worker.wait_for_save()  # a save may still copy out of it
+                    waited = True
+                self.pool.release([mine])
+        req.num_committed_blocks = stop
+
+    def _metas(self, req: Request, start: int, stop: int) -> list[BlockMeta]:
+        """Identities of the request's full blocks ``[start, stop)``."""
         self._ensure_keys(req, stop)
         step = self.block_size * 4
         data = token_bytes(req.token_ids[start * self.block_size: stop * self.block_size])
-        metas = [
+        return [
             BlockMeta(self.namespace.seed, req.block_keys[i],
                       req.block_keys[i - 1] if i else self.namespace.seed,
                       data[(i - start) * step: (i - start + 1) * step])
             for i in range(start, stop)
         ]
-        results = self.pool.commit(req.block_ids[start:stop], metas)
-        for i, r in enumerate(results, start):
-            if r.duplicate:  # another request committed these tokens first: share its block
-                mine = req.block_ids[i]
-                req.block_ids[i] = r.block_id
-                self.pool.release([mine])
-        req.num_committed_blocks = stop
 
     def _ensure_keys(self, req: Request, num_blocks: int) -> None:
         """Extend ``req.block_keys`` to cover its first ``num_blocks`` full blocks."""
@@ -264,6 +415,7 @@ class Scheduler:
     def _finish(self, req: Request, reason: str, *, error: str | None = None) -> None:
         if req in self.running:
             self.running.remove(req)
+        self._end_connector_request(req, preempted=False)
         self._reset(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason  # type: ignore[assignment]
@@ -272,4 +424,4 @@ class Scheduler:
         self._finished.append(req)
 
 
-__all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig"]
+__all__ = ["EngineConnector", "ScheduledChunk", "Scheduler", "SchedulerConfig"]
