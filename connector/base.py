@@ -285,6 +285,11 @@ class KVConnectorWorker(ABC):
         (stores into the store continue in the background and do not delay the next step)."""
 
     @abstractmethod
+    def wait_for_loads(self) -> None:
+        """Block until every load started so far has ended — its pages copied and re-checked,
+        or its failures recorded — so that :meth:`get_block_ids_with_load_errors` is complete."""
+
+    @abstractmethod
     def get_finished(self, finished_req_ids: Sequence[str]) -> FinishedRequests:
         """``finished_req_ids``: requests that ended since the last call. Each request is
         reported once."""

@@ -450,6 +450,10 @@ class InProcessWorker(KVConnectorWorker):
             if len(job.layers_saved) == L:
                 self._saver.submit(self._put, job)
 
+    def wait_for_loads(self) -> None:
+        for job in list(self._jobs):
+            job.done.wait()
+
     def wait_for_save(self) -> None:
         copies, self._copies = self._copies, []
         for f in copies:

@@ -289,12 +289,9 @@ class Engine:
 
     def _wait_loads(self) -> None:
         """Block until every load handed to the worker has ended, so its failed blocks are all
-        reported. The connector API has no public call for this (wait_for_layer_load returns
-        before a load's final re-check; async loads are reported only through get_finished),
-        so this waits on the in-process worker's load jobs."""
-        assert self.connector is not None
-        for job in list(getattr(self.connector.worker, "_jobs", ())):
-            job.done.wait()
+        reported before the step's results are used."""
+        if self.connector is not None:
+            self.connector.worker.wait_for_loads()
 
     def _reap(self) -> None:
         """Pass ended requests to the worker; free the blocks of those whose transfers are done."""
