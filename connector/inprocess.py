@@ -203,7 +203,6 @@ class InProcessScheduler(KVConnectorScheduler):
         if keep:
             self._saves.append(SaveSpec(
                 request_id, tuple(block_ids[i] for i in keep), tuple(metas[i] for i in keep)))
-            self._transfers.add(request_id)
 
     def build_connector_meta(self) -> ConnectorMetadata:
         loads = []
@@ -214,6 +213,9 @@ class InProcessScheduler(KVConnectorScheduler):
                 if match.spec.load_async:
                     self._transfers.add(rid)
         saves, self._saves = self._saves, []
+        # Only what is handed to the worker delays a free: a save dropped by request_finished
+        # before it was handed out must not (the worker would never report it done).
+        self._transfers.update(s.request_id for s in saves)
         return ConnectorMetadata(tuple(loads), tuple(saves))
 
     def request_finished(self, request_id: str) -> bool:

@@ -403,6 +403,11 @@ def test_finished_with_saves_in_flight_is_freed_after_the_save(
     assert rig.worker.get_finished([]).sending == frozenset()  # reported once
     # a request without transfers is freed at once
     assert rig.sched.request_finished("idle") is False
+    # a save requested but never handed to the worker is dropped and delays nothing
+    rig.sched.request_save("late", [4], ns.chain(tokens_for(N, rig.layout.block_size) + [9] * 4)
+                           .metas()[-1:])
+    assert rig.sched.request_finished("late") is False
+    assert rig.sched.build_connector_meta().saves == ()
     rig.close()
 
 
