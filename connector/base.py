@@ -193,8 +193,9 @@ class FinishedRequests:
 @dataclass(frozen=True, slots=True)
 class ConnectorStats:
     """Worker-side totals. ``load_failures``: failed blocks by reason (``miss`` — absent or
-    failed its check, ``lease_expired``, ``timeout``, ``changed`` — deleted or replaced during
-    the copy, ``error`` — an unexpected exception)."""
+    failed its check, ``lease_expired``, ``timeout`` — not in host when the prefetch timeout
+    ran out, ``not_prefetched`` — below host under the ``best_effort`` prefetch policy,
+    ``changed`` — deleted or replaced during the copy, ``error`` — an unexpected exception)."""
 
     blocks_loaded: int
     blocks_saved: int

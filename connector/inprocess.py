@@ -5,7 +5,8 @@ ground for every load.
 Loads (worker side, one thread per bound load)::
 
     lease still valid?  -- no --> every block fails ("lease_expired")
-    pages below host?   -- prefetch them into host (store.prefetch), wait <= load_timeout_s
+    pages below host?   -- prefetch them into host (store.prefetch); how long the load waits is
+                           the worker's prefetch policy (below)
     resolve host slots  -- the first block absent from host (a miss, a page dropped by its
                            check, a timeout) fails, with every later block of the request
     for l in layers:    copy layer l of each page (slab row slice, zero-copy source) into the
@@ -15,6 +16,26 @@ Loads (worker side, one thread per bound load)::
 
 A page's layer ``l`` is bytes ``[l * S, (l + 1) * S)`` of the page, ``S = page_bytes /
 num_layers``; an engine block's layer ``l`` is the same ``S`` bytes (see :class:`KVCacheSpec`).
+
+Prefetch policy (worker side, ``prefetch_policy``) for matched pages still below the host tier
+(disk, Redis) when the load starts:
+
+* ``best_effort``   -- load only what host holds now; the pages below are not waited for: they
+                       fail at once (reason ``not_prefetched``) and the engine recomputes them from
+                       the first missing block. The prefetch still runs in the background, so host
+                       is warm for the next request with this prefix.
+* ``wait_complete`` -- wait until the prefetch has finished (every matched page arrived, or a read
+                       of it failed); only real misses fail.
+* ``timeout``       -- (default) wait at most ``prefetch_timeout_s``; what has not arrived by then
+                       fails (reason ``timeout``), from the first missing block on.
+
+Load or recompute (scheduler side, ``recompute_tokens_per_s``): when given (the engine's
+measured prefill speed), each matched block below the host tier is loaded only if reading its
+page at the tier's measured bandwidth (:meth:`TieredStore.read_bandwidth`) takes no longer than
+recomputing its ``block_size`` tokens; the match ends at the first block whose load does not pay
+(a tier not measured yet is assumed to pay). Host-tier blocks always load. Each decided block is
+counted in ``kvstore_connector_decisions_total{decision="load"|"recompute"}`` on the store's
+registry and in :attr:`InProcessScheduler.decisions`.
 
 Saves (worker side, one save thread, in submission order): ``save_kv_layer(l)`` queues the copy of
 layer ``l`` of every bound save's blocks into a host staging page; after the last layer the
@@ -44,9 +65,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Literal
+from weakref import WeakKeyDictionary
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PromCounter
 
 from connector.base import (
     ConnectorMetadata,
@@ -68,6 +93,26 @@ from kvstore.store import TieredStore
 from kvstore.tiers.host import HostTier
 
 CopyFn = Callable[[Spans], None]
+
+PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
+PREFETCH_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
+
+# One decisions counter per registry (several schedulers may share a store's registry).
+_DECISIONS: WeakKeyDictionary[CollectorRegistry, PromCounter] = WeakKeyDictionary()
+_DECISIONS_LOCK = threading.Lock()
+
+
+def _decisions_counter(registry: CollectorRegistry) -> PromCounter:
+    with _DECISIONS_LOCK:
+        c = _DECISIONS.get(registry)
+        if c is None:
+            c = PromCounter(
+                "kvstore_connector_decisions",
+                "Matched blocks below the host tier, by load-or-recompute decision.",
+                ["decision"], registry=registry,
+            )
+            _DECISIONS[registry] = c
+        return c
 
 
 def _host_index(store: TieredStore, host_tier: str) -> int:
@@ -106,10 +151,18 @@ class _Match:
 class InProcessScheduler(KVConnectorScheduler):
     """Scheduler side over ``store``. ``num_blocks``: the engine's KV cache size (block ids are
     checked against it). Loads come from ``host_tier`` and the tiers below it; a page found only
-    in a tier above it (the engine's own hbm pool) ends the match."""
+    in a tier above it (the engine's own hbm pool) ends the match. ``recompute_tokens_per_s``:
+    the engine's prefill speed; when set, blocks whose load from below host would be slower than
+    recomputing them are not matched (see the module docstring, "Load or recompute")."""
 
     def __init__(
-        self, store: TieredStore, namespace: Namespace, *, num_blocks: int, host_tier: str = "host"
+        self,
+        store: TieredStore,
+        namespace: Namespace,
+        *,
+        num_blocks: int,
+        host_tier: str = "host",
+        recompute_tokens_per_s: float | None = None,
     ) -> None:
         if namespace.layout != store.layout:
             raise InvalidArgument(
@@ -121,6 +174,9 @@ class InProcessScheduler(KVConnectorScheduler):
         self.namespace = namespace
         self.num_blocks = num_blocks
         self.block_size = store.layout.block_size
+        self.recompute_tokens_per_s = recompute_tokens_per_s  # validated by the setter
+        self.decisions: Counter[str] = Counter()  # matched blocks below host: load / recompute
+        self._m_decisions = _decisions_counter(store.metrics.registry)
         self._host = _host_index(store, host_tier)
         self._rank = {t.name: i for i, t in enumerate(store.tiers)}
         self._matches: dict[str, _Match] = {}
@@ -147,6 +203,7 @@ class InProcessScheduler(KVConnectorScheduler):
         found = self.store.lookup(keys, lease=True)
         rank = self._rank
         n = next((i for i, t in enumerate(found.tiers) if rank[t] < self._host), found.num_blocks)
+        n = self._worth_loading(found.tiers[:n])
         if n == 0:
             if found.lease is not None:
                 self._release(found.lease)
@@ -154,6 +211,48 @@ class InProcessScheduler(KVConnectorScheduler):
         load_async = any(rank[t] > self._host for t in found.tiers[:n])
         self._matches[request_id] = _Match(tuple(keys[:n]), found.lease, load_async)
         return LoadMatch(n * B, load_async)
+
+    @property
+    def recompute_tokens_per_s(self) -> float | None:
+        return self._recompute_tps
+
+    @recompute_tokens_per_s.setter
+    def recompute_tokens_per_s(self, value: float | None) -> None:
+        """The engine may update its measured prefill speed at any time."""
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+        ):
+            raise InvalidArgument(
+                f"recompute_tokens_per_s must be a number > 0 or None, got {value!r}")
+        self._recompute_tps = None if value is None else float(value)
+
+    def _worth_loading(self, tiers: Sequence[str]) -> int:
+        """How many leading blocks (held in ``tiers``) to load rather than recompute."""
+        tps = self._recompute_tps
+        if tps is None:
+            return len(tiers)
+        recompute_s = self.block_size / tps
+        page_bytes = self.store.layout.page_bytes
+        rank, bw_of = self._rank, self.store.read_bandwidth
+        n = len(tiers)
+        below = 0
+        for i, t in enumerate(tiers):
+            if rank[t] <= self._host:
+                continue
+            bw = bw_of(t)
+            if bw is not None and page_bytes / bw > recompute_s:
+                n = i
+                break
+            below += 1
+        # blocks after the first declined one are recomputed too (the prefix must be contiguous)
+        declined = len(tiers) - n
+        if below:
+            self.decisions["load"] += below
+            self._m_decisions.labels("load").inc(below)
+        if declined:
+            self.decisions["recompute"] += declined
+            self._m_decisions.labels("recompute").inc(declined)
+        return n
 
     def update_state_after_alloc(
         self, request_id: str, block_ids: Sequence[int], num_external_tokens: int
@@ -262,8 +361,10 @@ class _SaveJob:
 
 
 class InProcessWorker(KVConnectorWorker):
-    """Worker side over ``store``. ``load_timeout_s``: how long a load waits for pages to reach
-    the host tier from below. ``clock``: the store's clock (lease expiry is judged by it).
+    """Worker side over ``store``. ``prefetch_policy``: ``best_effort``, ``wait_complete`` or
+    ``timeout`` (the default) -- how a load treats pages still below the host tier (see the
+    module docstring). ``prefetch_timeout_s``: the ``timeout`` policy's wait (default:
+    ``load_timeout_s``, its older name). ``clock``: the store's clock (lease expiry is judged by it).
     ``copy_fn``: copies one layer's spans (tests inject a slow one)."""
 
     def __init__(
@@ -272,11 +373,20 @@ class InProcessWorker(KVConnectorWorker):
         *,
         host_tier: str = "host",
         load_timeout_s: float = 5.0,
+        prefetch_policy: PrefetchPolicy = "timeout",
+        prefetch_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         copy_fn: CopyFn = copy_spans,
     ) -> None:
         if not load_timeout_s > 0:
             raise InvalidArgument(f"load_timeout_s must be > 0, got {load_timeout_s!r}")
+        if prefetch_policy not in PREFETCH_POLICIES:
+            raise InvalidArgument(
+                f"unknown prefetch policy {prefetch_policy!r}",
+                hint=f"use one of {list(PREFETCH_POLICIES)}",
+            )
+        if prefetch_timeout_s is not None and not prefetch_timeout_s > 0:
+            raise InvalidArgument(f"prefetch_timeout_s must be > 0, got {prefetch_timeout_s!r}")
         self.store = store
         layout = store.layout
         self.layout = layout
@@ -285,7 +395,8 @@ class InProcessWorker(KVConnectorWorker):
         self._slab = self._host.slab_tensor.numpy().reshape(
             self._host.capacity_pages, layout.num_layers, -1)
         self._layer_bytes = layout.page_bytes // layout.num_layers
-        self.load_timeout_s = load_timeout_s
+        self.load_timeout_s = load_timeout_s if prefetch_timeout_s is None else prefetch_timeout_s
+        self.prefetch_policy = prefetch_policy
         self._clock = clock
         self._copy = copy_fn
         self._spec: KVCacheSpec | None = None
@@ -305,6 +416,11 @@ class InProcessWorker(KVConnectorWorker):
         self._saved = 0
         self._abandoned = 0
         self._failures: Counter[str] = Counter()
+
+    @property
+    def prefetch_timeout_s(self) -> float:
+        """The ``timeout`` policy's wait (the same setting as ``load_timeout_s``)."""
+        return self.load_timeout_s
 
     # ----------------------------------------------------------------- registration, plan
 
@@ -388,15 +504,21 @@ class InProcessWorker(KVConnectorWorker):
             if spec.lease is not None and spec.lease.expires_at <= self._clock():
                 reason = "lease_expired"
             else:
-                deadline = time.monotonic() + self.load_timeout_s
+                deadline = time.monotonic() + self.prefetch_timeout_s
                 first_missing = host.count_leading(keys)
+                usable = n
                 if first_missing < n:
                     fut = self.store.prefetch(spec.namespace_id, keys[first_missing:], to=self._host_name)
-                    try:
-                        fut.result(timeout=max(0.0, deadline - time.monotonic()))
-                    except FutureTimeout:
-                        reason = "timeout"
-                for k in keys:
+                    if self.prefetch_policy == "best_effort":
+                        usable, reason = first_missing, "not_prefetched"  # fut warms host
+                    elif self.prefetch_policy == "wait_complete":
+                        fut.result()
+                    else:
+                        try:
+                            fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                        except FutureTimeout:
+                            reason = "timeout"
+                for k in keys[:usable]:
                     slot = host.slot_of(k)
                     meta = host.meta(k) if slot is not None else None
                     if slot is None or meta is None or meta.namespace_id != spec.namespace_id:

@@ -23,6 +23,11 @@ Write policies decide when a page is copied to the next tier down:
 A page already present in the destination is never written again. With ``promote_on_hit``, a
 page read from a lower tier is copied into ``tiers[0]``.
 
+Read bandwidth: every tier read the store makes (gets, prefetches, copies down) that returns at
+least one page updates that tier's exponentially weighted average of bytes/s of pages read
+(``bandwidth_alpha`` weighs the newest sample). :meth:`read_bandwidth` reports it (None until a
+first successful read); connectors weigh it against recompute speed (load-or-recompute).
+
 Concurrency: one lock guards policies, leases and hit counts. Eviction (and the write-back it
 may cause) runs under it; page copies of gets and puts run outside it — tiers are thread-safe
 and a tier read of a concurrently deleted key is a miss, never other bytes.
@@ -66,6 +71,7 @@ class TieredStore:
         promote_on_hit: bool = True,
         lease_ttl_s: float = 30.0,
         prefetch_workers: int = 2,
+        bandwidth_alpha: float = 0.3,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -85,6 +91,8 @@ class TieredStore:
             raise InvalidArgument(f"selective_hits must be >= 1, got {selective_hits}")
         if lease_ttl_s <= 0:
             raise InvalidArgument(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        if not 0.0 < bandwidth_alpha <= 1.0:
+            raise InvalidArgument(f"bandwidth_alpha must be in (0, 1], got {bandwidth_alpha!r}")
         specs: Sequence[EvictionPolicy | str] = policies or ["lru"] * len(tiers)
         if len(specs) != len(tiers):
             raise InvalidArgument(f"{len(tiers)} tiers but {len(specs)} policies")
@@ -107,6 +115,8 @@ class TieredStore:
         self._lease_heap: list[tuple[float, int]] = []
         self._lease_ids = itertools.count(1)
         self._hits: list[dict[bytes, int]] = [{} for _ in tiers]
+        self._bw_alpha = bandwidth_alpha
+        self._bw: dict[str, float] = {}  # tier name -> EWMA of read bytes/s
         self._executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
         self._m_lookup_hit = self.metrics.lookups.labels("hit")
         self._m_lookup_miss = self.metrics.lookups.labels("miss")
@@ -294,7 +304,7 @@ class TieredStore:
             by_ns.setdefault(m.namespace_id, []).append(i)
         ok_m, ok_v = [], []
         for ns, idx in by_ns.items():
-            found = src.read(ns, [metas[i].key for i in idx], [bufs[i] for i in idx])
+            found = self._timed_read(src, ns, [metas[i].key for i in idx], [bufs[i] for i in idx])
             for i, f in zip(idx, found):
                 if f:
                     ok_m.append(metas[i])
@@ -346,7 +356,7 @@ class TieredStore:
         for ti, tier in enumerate(self.tiers):
             if not todo:
                 break
-            ok = tier.read(ns, [keys[i] for i in todo], [views[i] for i in todo])
+            ok = self._timed_read(tier, ns, [keys[i] for i in todo], [views[i] for i in todo])
             hit_idx = [i for i, f in zip(todo, ok) if f]
             miss_keys = [keys[i] for i, f in zip(todo, ok) if not f]
             for i in hit_idx:
@@ -385,6 +395,31 @@ class TieredStore:
             if promote_down:
                 self._copy_down(ti, promote_down, "selective")
 
+    # ----------------------------------------------------------------- read bandwidth
+
+    def _timed_read(
+        self, tier: Tier, ns: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
+    ) -> list[bool]:
+        """``tier.read``, feeding the tier's bandwidth average when it returned pages."""
+        t0 = time.perf_counter()
+        found = tier.read(ns, keys, outs)
+        elapsed = time.perf_counter() - t0
+        hits = sum(found)
+        if hits:
+            sample = hits * self.layout.page_bytes / max(elapsed, 1e-9)
+            with self._lock:
+                old = self._bw.get(tier.name)
+                a = self._bw_alpha
+                self._bw[tier.name] = sample if old is None else a * sample + (1 - a) * old
+        return found
+
+    def read_bandwidth(self, tier_name: str) -> float | None:
+        """Measured read bandwidth of tier ``tier_name`` in bytes/s (an exponentially weighted
+        average over the store's successful reads), or None before its first one."""
+        self._tier_index(tier_name)  # raises InvalidArgument naming the tiers
+        with self._lock:
+            return self._bw.get(tier_name)
+
     # ----------------------------------------------------------------- prefetch, delete
 
     def prefetch(self, namespace_id: bytes, keys: Sequence[bytes], *, to: str | None = None) -> Future[int]:
@@ -403,7 +438,7 @@ class TieredStore:
                 break
             src = self.tiers[lower]
             bufs = _scratch(len(missing), self.layout.page_bytes)
-            ok = src.read(ns, missing, bufs)
+            ok = self._timed_read(src, ns, missing, bufs)
             self._after_read(lower, [k for k, f in zip(missing, ok) if f], [k for k, f in zip(missing, ok) if not f])
             metas, views = [], []
             for k, f, buf in zip(missing, ok, bufs):

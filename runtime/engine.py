@@ -25,6 +25,11 @@ With a KV connector (``connector=(InProcessScheduler, InProcessWorker)``, built 
     failed loads: the request rolls back to its first failed block, its chunk is discarded
     sample, update; get_finished(ended requests) -> free blocks whose transfers are done
 
+Load or recompute: the engine measures its prefill speed (``prefill_tokens_per_s``, an
+exponentially weighted average of tokens/s over steps that run prefill chunks and load nothing).
+With ``load_or_recompute=True`` it hands every new estimate to the connector's scheduler side
+(``recompute_tokens_per_s``), which then declines loads slower than recomputing.
+
 Saves are not waited for at the end of a step (only where blocks are freed early: a preempted
 request, a duplicate block released at commit); finished requests' blocks are freed when the
 connector reports them in ``sending`` (:meth:`Engine.drain` waits for all of them).
@@ -87,6 +92,7 @@ class Engine:
         enable_prefix_caching: bool = True,
         clock: Callable[[], float] = time.perf_counter,
         connector: tuple[KVConnectorScheduler, KVConnectorWorker] | None = None,
+        load_or_recompute: bool = False,
     ) -> None:
         """Raises InvalidArgument when the pool does not fit the model or the namespace's layout
         differs from the pool's, or for a bad scheduler setting. A pool without an owner gets a
@@ -95,7 +101,9 @@ class Engine:
         ``connector``: the scheduler and worker sides of a KV connector over the store the pool
         belongs to (built for ``namespace`` and ``pool.num_blocks``); the pool is registered
         with the worker as a page-first KV cache. Full blocks are handed to ``request_save``
-        unless the connector's store is write-through (its commits are copied down already)."""
+        unless the connector's store is write-through (its commits are copied down already).
+        ``load_or_recompute``: feed the measured prefill speed to the connector's scheduler side
+        (its ``recompute_tokens_per_s``; see the module docstring)."""
         if not isinstance(pool, HBMTier):
             raise InvalidArgument(f"pool must be an HBMTier, got {type(pool).__name__}",
                                   hint="build it with kvstore.tiers.hbm.HBMTier")
@@ -124,6 +132,15 @@ class Engine:
             cstore = getattr(csched, "store", None)
             save = not (isinstance(cstore, TieredStore) and cstore.write_policy == "write_through")
             self.connector = EngineConnector(csched, worker, save)
+        if load_or_recompute and (
+            connector is None or not hasattr(connector[0], "recompute_tokens_per_s")
+        ):
+            raise InvalidArgument(
+                "load_or_recompute needs a connector whose scheduler side takes "
+                "recompute_tokens_per_s", hint="use InProcessScheduler, or leave it off")
+        self.load_or_recompute = load_or_recompute
+        #: Measured prefill speed (tokens/s), None until a prefill step without loads ran.
+        self.prefill_tokens_per_s: float | None = None
         self.scheduler = Scheduler(pool, namespace, self.config, clock, self.connector)
         self._ids = itertools.count()
         self._known_ids: set[str] = set()
@@ -142,6 +159,8 @@ class Engine:
         lower_tiers: Sequence[Tier] = (),
         write_policy: str = "write_back",
         backend: str = DEFAULT_BACKEND,
+        prefetch_policy: str = "timeout",
+        prefetch_timeout_s: float = 5.0,
         **engine_kwargs: Any,
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of
@@ -149,7 +168,8 @@ class Engine:
         ``engine.store``), and the engine (``engine_kwargs`` as for ``__init__``). When a
         :class:`HostTier` is among ``lower_tiers`` and the pool is on the CPU, the engine gets an
         in-process KV connector over the store and its first host tier (prefixes evicted from
-        hbm are loaded back instead of recomputed)."""
+        hbm are loaded back instead of recomputed), with ``prefetch_policy`` and
+        ``prefetch_timeout_s`` for pages below host (see :class:`InProcessWorker`)."""
         cfg = get_model_config(config_name)
         model = LlamaForPagedLM.from_random(cfg, seed, backend=backend, device=device)
         layout = cfg.kv_layout(block_size)
@@ -161,7 +181,9 @@ class Engine:
         if host is not None and pool.pool.device.type == "cpu" and "connector" not in engine_kwargs:
             engine_kwargs["connector"] = (
                 InProcessScheduler(store, namespace, num_blocks=num_blocks, host_tier=host.name),
-                InProcessWorker(store, host_tier=host.name),
+                InProcessWorker(store, host_tier=host.name,
+                                prefetch_policy=prefetch_policy,  # type: ignore[arg-type]
+                                prefetch_timeout_s=prefetch_timeout_s),
             )
         engine = cls(model, pool, namespace, **engine_kwargs)
         engine.store = store
@@ -240,7 +262,11 @@ class Engine:
                 if any(ld.load_async for ld in meta.loads):
                     self._wait_loads()  # loads from below host: waited for in this step
             hooks = _ConnectorHooks(conn.worker) if bound and conn is not None else None
+            t0 = time.perf_counter()
             logits = self._forward(chunks, hooks)
+            if not (bound and meta.loads) and any(ch.num_tokens > 1 for ch in chunks):
+                self._measure_prefill(sum(ch.num_tokens for ch in chunks),
+                                      time.perf_counter() - t0)
             if bound:
                 assert conn is not None
                 self._wait_loads()
@@ -286,6 +312,13 @@ class Engine:
         batch = build_batch(seqs, self.model.config, block_size=self.pool.layout.block_size,
                             num_blocks=self.pool.num_blocks, device=self.pool.device)
         return self.model(batch, self.pool.pool, layer_hooks=hooks)
+
+    def _measure_prefill(self, num_tokens: int, elapsed_s: float) -> None:
+        sample_tps = num_tokens / max(elapsed_s, 1e-9)
+        old = self.prefill_tokens_per_s
+        self.prefill_tokens_per_s = sample_tps if old is None else 0.3 * sample_tps + 0.7 * old
+        if self.load_or_recompute and self.connector is not None:
+            self.connector.scheduler.recompute_tokens_per_s = self.prefill_tokens_per_s  # type: ignore[attr-defined]
 
     def _wait_loads(self) -> None:
         """Block until every load handed to the worker has ended, so its failed blocks are all
