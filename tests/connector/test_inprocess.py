@@ -26,16 +26,6 @@ NUM_BLOCKS = 16
 N = 4  # blocks per test sequence
 
 
-@pytest.fixture
-def layout() -> KVLayout:
-    return KVLayout(num_layers=4, num_kv_heads=2, head_dim=8, block_size=4, dtype="float16")
-
-
-@pytest.fixture
-def ns(layout: KVLayout) -> Namespace:
-    return Namespace("test-model", layout, "tenant-a")
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -117,11 +107,6 @@ class Rig:
 def tokens_for(n_blocks: int, block_size: int, seed: int = 1) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 30000, (n_blocks * block_size + 1,), generator=g).tolist()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture

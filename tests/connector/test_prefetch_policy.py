@@ -19,21 +19,6 @@ from kvstore.tiers.host import HostTier
 from tests.connector.test_inprocess import FakeClock, N, Rig, tokens_for
 
 
-@pytest.fixture
-def layout() -> KVLayout:
-    return KVLayout(num_layers=4, num_kv_heads=2, head_dim=8, block_size=4, dtype="float16")
-
-
-@pytest.fixture
-def ns(layout: KVLayout) -> Namespace:
-    return Namespace("test-model", layout, "tenant-a")
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
 class Setup:
     """Host over a real disk tier (write-through); N blocks saved, blocks 2.. only on disk."""
 
