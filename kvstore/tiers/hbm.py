@@ -59,6 +59,7 @@ from kvstore.metrics import Metrics
 from kvstore.ops import copy_spans
 from kvstore.tiers.base import Tier, check_keys
 from kvstore.tiers.hbm_owner import OwnedPool, PoolOwner
+from kvstore.tiers.slots import SlotReads
 
 #: How often ``allocate`` asks its owner to reclaim before it reports back-pressure (another
 #: thread may take the blocks an eviction freed before this one does).
@@ -79,7 +80,7 @@ class CommitResult:
     duplicate: bool
 
 
-class HBMTier(Tier, OwnedPool):
+class HBMTier(SlotReads, Tier, OwnedPool):
     kind = "hbm"
 
     def __init__(
@@ -311,39 +312,11 @@ class HBMTier(Tier, OwnedPool):
 
     # ----------------------------------------------------------------- tier hooks
 
-    def _contains(self, keys: Sequence[bytes]) -> list[bool]:
-        index = self._index
-        return [k in index for k in keys]
+    def _copy_out(self, slots: list[int], outs: list[np.ndarray]) -> None:
+        self._gather(slots, outs)
 
-    def _count_leading(self, keys: Sequence[bytes]) -> int:
-        return len(list(takewhile(self._index.__contains__, keys)))
-
-    def _read(
-        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
-    ) -> list[bool]:
-        blocks: list[int | None] = []
-        with self._lock:
-            for key in keys:
-                b = self._index.get(key)
-                if b is not None:
-                    meta = self._metas[b]
-                    if meta is None or meta.namespace_id != namespace_id:
-                        self.count_corrupt("namespace")
-                        b = None
-                    else:
-                        self._readers[b] += 1
-                blocks.append(b)
-        try:
-            hits = [(b, out) for b, out in zip(blocks, outs) if b is not None]
-            if hits:
-                self._gather([b for b, _ in hits], [o for _, o in hits])
-        finally:
-            with self._lock:
-                for b in blocks:
-                    if b is not None:
-                        self._readers[b] -= 1
-                        self._maybe_free(b)
-        return [b is not None for b in blocks]
+    def _after_unpin(self, slot: int) -> None:
+        self._maybe_free(slot)
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
         # Fill free blocks held at refcount 1 (so nothing can take them), then publish the keys

@@ -23,7 +23,6 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Iterator, Sequence
-from itertools import takewhile
 
 import numpy as np
 
@@ -33,9 +32,10 @@ from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.ops import copy_spans
 from kvstore.tiers.base import Tier
+from kvstore.tiers.slots import SlotReads
 
 
-class HostTier(Tier):
+class HostTier(SlotReads, Tier):
     kind = "host"
 
     def __init__(
@@ -90,42 +90,13 @@ class HostTier(Tier):
 
     # ----------------------------------------------------------------- hooks
 
-    def _contains(self, keys: Sequence[bytes]) -> list[bool]:
-        index = self._index
-        return [k in index for k in keys]
-
-    def _count_leading(self, keys: Sequence[bytes]) -> int:
-        return len(list(takewhile(self._index.__contains__, keys)))
-
-    def _read(
-        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
-    ) -> list[bool]:
-        slots: list[int | None] = []
-        with self._lock:
-            for key in keys:
-                slot = self._index.get(key)
-                if slot is not None:
-                    meta = self._metas[slot]
-                    if meta is None or meta.namespace_id != namespace_id:
-                        self.count_corrupt("namespace")
-                        slot = None
-                    else:
-                        self._readers[slot] += 1
-                slots.append(slot)
-        try:
-            hits = [(s, out) for s, out in zip(slots, outs) if s is not None]
-            copy_spans(
-                [
-                    (buf, self._slab[start : start + n].reshape(-1))
-                    for start, n, buf in _runs([s for s, _ in hits], [o for _, o in hits])
-                ]
-            )
-        finally:
-            with self._lock:
-                for slot in slots:
-                    if slot is not None:
-                        self._unpin(slot)
-        return [s is not None for s in slots]
+    def _copy_out(self, slots: list[int], outs: list[np.ndarray]) -> None:
+        copy_spans(
+            [
+                (buf, self._slab[start : start + n].reshape(-1))
+                for start, n, buf in _runs(slots, outs)
+            ]
+        )
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
         with self._lock:
@@ -178,8 +149,7 @@ class HostTier(Tier):
             self._metas[slot] = None
             self._free.append(slot)
 
-    def _unpin(self, slot: int) -> None:
-        self._readers[slot] -= 1
+    def _after_unpin(self, slot: int) -> None:
         if self._readers[slot] == 0 and slot in self._zombies:
             self._zombies.discard(slot)
             self._metas[slot] = None
