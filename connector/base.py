@@ -92,7 +92,7 @@ class KVCacheSpec:
     def validate(self, layout: KVLayout) -> None:
         """Raise InvalidArgument naming the offending tensor, shape, dtype or device unless
         every tensor matches ``layout``, all have the same number of blocks (>= 1), and all are
-        contiguous CPU tensors."""
+        contiguous tensors on one device (the CPU or one GPU)."""
         shape: tuple[int, ...] = layout.page_shape  # (L, 2, B, H, D)
         if self.layout == "page_first":
             if len(self.tensors) != 1:
@@ -118,11 +118,12 @@ class KVCacheSpec:
             what = f"KV cache tensor {i}"
             if not isinstance(t, torch.Tensor):
                 raise InvalidArgument(f"{what} is a {type(t).__name__}, not a torch tensor")
-            if t.device.type != "cpu":
+            if t.device.type not in ("cpu", "cuda"):
+                raise InvalidArgument(f"{what} is on {t.device}; the connector copies CPU or CUDA tensors")
+            if t.device != self.tensors[0].device:
                 raise InvalidArgument(
-                    f"{what} is on {t.device}; this connector copies CPU tensors only",
-                    hint="the CUDA path (streams, events, pinned staging) is not built yet",
-                )
+                    f"{what} is on {t.device}, tensor 0 on {self.tensors[0].device}",
+                    hint="register the caches of one device per worker")
             if t.dtype != layout.torch_dtype:
                 raise InvalidArgument(f"{what} has dtype {t.dtype}, the store's layout {layout.dtype}")
             if t.dim() != len(want) + 1 or tuple(t.shape[1:]) != want:

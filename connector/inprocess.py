@@ -49,11 +49,14 @@ key hold the same bytes, so this can only matter for a page replaced with differ
 Worker-side state shared with its threads is guarded by one lock; public methods are for one
 engine thread.
 
-CPU only. The GPU path will add: CUDA tensors in :class:`KVCacheSpec`; per-layer H2D copies from
-the pinned host slab on a load stream with one CUDA event per layer (``wait_for_layer_load``
-makes the compute stream wait on it instead of blocking the host); D2H saves on a save stream
-into pinned staging, recorded by events that ``wait_for_save`` and the put thread wait on; and the
-``csrc/`` gather/scatter kernels that move one layer of many pages in one launch.
+Layer-wise or not (``layerwise``, default True): with False, ``wait_for_layer_load(l)`` waits
+for the whole load before layer 0 computes -- the load-then-compute baseline of the overlap
+ablation in ``bench.ttft``.
+
+CPU and GPU: the copies themselves are :mod:`connector.transfer`'s -- memcpy on the load and save
+threads for a CPU cache; for a CUDA cache one scatter/gather kernel per layer on a load stream and
+a save stream, ordered against the engine's stream by CUDA events, so neither a load nor a save
+blocks the engine thread on a copy.
 """
 
 from __future__ import annotations
@@ -62,13 +65,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 from weakref import WeakKeyDictionary
 
-import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
@@ -84,15 +86,13 @@ from connector.base import (
     LoadSpec,
     SaveSpec,
 )
-from kvstore.buffers import aligned_pages
+from connector.transfer import CopyFn, LayerTransfer, SaveBuffer, make_transfer
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta, Namespace
-from kvstore.ops import Spans, copy_spans
+from kvstore.ops import copy_spans
 from kvstore.results import Lease
 from kvstore.store import TieredStore
 from kvstore.tiers.host import HostTier
-
-CopyFn = Callable[[Spans], None]
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
 PREFETCH_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
@@ -348,6 +348,8 @@ class InProcessScheduler(KVConnectorScheduler):
 class _LoadJob:
     spec: LoadSpec
     layers: list[threading.Event]
+    gate: Any = None  # what the copies wait for (LayerTransfer.gate)
+    ctx: Any = None  # the transfer's context once copies are queued
     done: threading.Event = field(default_factory=threading.Event)
     failed: list[int] = field(default_factory=list)
     reason: str = ""
@@ -356,7 +358,7 @@ class _LoadJob:
 @dataclass(eq=False)
 class _SaveJob:
     spec: SaveSpec
-    staging: np.ndarray  # (n, num_layers, S) uint8
+    buf: SaveBuffer
     layers_saved: set[int] = field(default_factory=set)
 
 
@@ -364,8 +366,9 @@ class InProcessWorker(KVConnectorWorker):
     """Worker side over ``store``. ``prefetch_policy``: ``best_effort``, ``wait_complete`` or
     ``timeout`` (the default) -- how a load treats pages still below the host tier (see the
     module docstring). ``prefetch_timeout_s``: the ``timeout`` policy's wait (default:
-    ``load_timeout_s``, its older name). ``clock``: the store's clock (lease expiry is judged by it).
-    ``copy_fn``: copies one layer's spans (tests inject a slow one)."""
+    ``load_timeout_s``, its older name). ``layerwise``: False waits for a whole load before
+    layer 0 (the ablation baseline). ``clock``: the store's clock (lease expiry is judged by
+    it). ``copy_fn``: copies one layer's spans of a CPU cache (tests inject a slow one)."""
 
     def __init__(
         self,
@@ -375,6 +378,7 @@ class InProcessWorker(KVConnectorWorker):
         load_timeout_s: float = 5.0,
         prefetch_policy: PrefetchPolicy = "timeout",
         prefetch_timeout_s: float | None = None,
+        layerwise: bool = True,
         clock: Callable[[], float] = time.monotonic,
         copy_fn: CopyFn = copy_spans,
     ) -> None:
@@ -392,21 +396,19 @@ class InProcessWorker(KVConnectorWorker):
         self.layout = layout
         self._host_name = host_tier
         self._host: HostTier = store.tiers[_host_index(store, host_tier)]  # type: ignore[assignment]
-        self._slab = self._host.slab_tensor.numpy().reshape(
-            self._host.capacity_pages, layout.num_layers, -1)
         self._layer_bytes = layout.page_bytes // layout.num_layers
         self.load_timeout_s = load_timeout_s if prefetch_timeout_s is None else prefetch_timeout_s
         self.prefetch_policy = prefetch_policy
+        self.layerwise = bool(layerwise)
         self._clock = clock
         self._copy = copy_fn
         self._spec: KVCacheSpec | None = None
-        self._layers: list[np.ndarray] = []  # per layer: (num_blocks, S) uint8 views
+        self._xfer: LayerTransfer | None = None
         self._lock = threading.Lock()
         self._meta: ConnectorMetadata | None = None
         self._step_loads: list[_LoadJob] = []
         self._step_saves: list[_SaveJob] = []
         self._jobs: list[_LoadJob] = []  # loads not yet reported
-        self._copies: list[Future[None]] = []  # save copies not yet waited for
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvconnector-save")
         self._inflight: Counter[str] = Counter()  # saves + async loads per request
         self._tracked: set[str] = set()  # requests that had saves or async loads
@@ -431,14 +433,18 @@ class InProcessWorker(KVConnectorWorker):
         with self._lock:
             if self._meta is not None or any(not j.done.is_set() for j in self._jobs) or any(self._inflight.values()):
                 raise InvalidArgument("cannot re-register KV caches while transfers are in flight")
-        n, L = spec.num_blocks, self.layout.num_layers
+        n, L, S = spec.num_blocks, self.layout.num_layers, self._layer_bytes
         if spec.layout == "page_first":
-            whole = spec.tensors[0].view(n, -1).view(torch.uint8).numpy().reshape(n, L, -1)
-            layers = [whole[:, lyr, :] for lyr in range(L)]
+            whole = spec.tensors[0].view(n, -1).view(torch.uint8).view(n, L, S)
+            layers = [whole[:, lyr] for lyr in range(L)]
         else:
-            layers = [t.view(n, -1).view(torch.uint8).numpy() for t in spec.tensors]
-        assert all(v.shape == (n, self._layer_bytes) for v in layers)
-        self._spec, self._layers = spec, layers
+            layers = [t.view(n, -1).view(torch.uint8) for t in spec.tensors]
+        assert all(tuple(v.shape) == (n, S) for v in layers)
+        xfer = make_transfer(layers, self._host.slab_tensor, L, self.layout.page_bytes,
+                             self._copy, self._saver)
+        if self._xfer is not None:
+            self._xfer.close()
+        self._spec, self._xfer = spec, xfer
 
     def bind_connector_metadata(self, meta: ConnectorMetadata) -> None:
         if not isinstance(meta, ConnectorMetadata):
@@ -452,13 +458,10 @@ class InProcessWorker(KVConnectorWorker):
             _check_block_ids(spec.block_ids, nb)
         for save in meta.saves:
             _check_block_ids(save.block_ids, nb)
-        L, S = self.layout.num_layers, self._layer_bytes
+        assert self._xfer is not None
         self._meta = meta
         self._step_loads = []
-        self._step_saves = [
-            _SaveJob(s, aligned_pages(len(s.block_ids), self.layout.page_bytes).reshape(-1, L, S))
-            for s in meta.saves
-        ]
+        self._step_saves = [_SaveJob(s, self._xfer.new_save(s.block_ids)) for s in meta.saves]
         with self._lock:
             for s in meta.saves:
                 self._inflight[s.request_id] += 1
@@ -478,8 +481,10 @@ class InProcessWorker(KVConnectorWorker):
             raise InvalidArgument("no plan bound", hint="call bind_connector_metadata first")
         if self._step_loads:
             raise InvalidArgument("this step's loads were already started")
+        assert self._xfer is not None
+        gate = self._xfer.gate() if self._meta.loads else None
         for spec in self._meta.loads:
-            job = _LoadJob(spec, [threading.Event() for _ in range(self.layout.num_layers)])
+            job = _LoadJob(spec, [threading.Event() for _ in range(self.layout.num_layers)], gate)
             with self._lock:
                 self._jobs.append(job)
                 if spec.load_async:
@@ -492,11 +497,18 @@ class InProcessWorker(KVConnectorWorker):
 
     def wait_for_layer_load(self, layer: int) -> None:
         self._check_layer(layer)
+        if not self.layerwise:
+            layer = self.layout.num_layers - 1  # the whole load, before any layer computes
+        xfer = self._xfer
+        assert xfer is not None or not self._step_loads
         for job in self._step_loads:
             job.layers[layer].wait()
+            if job.ctx is not None:
+                xfer.wait_layer(job.ctx, layer)  # type: ignore[union-attr]
 
     def _run_load(self, job: _LoadJob) -> None:
-        spec, host = job.spec, self._host
+        spec, host, xfer = job.spec, self._host, self._xfer
+        assert xfer is not None
         keys, n = list(spec.keys), len(spec.keys)
         good, reason = 0, ""
         slots: list[int] = []
@@ -527,17 +539,25 @@ class InProcessWorker(KVConnectorWorker):
                 good = len(slots)
                 if good < n and not reason:
                     reason = "miss"
+            if good:
+                job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], slots)
             for lyr in range(self.layout.num_layers):
                 if good:
-                    dst = self._layers[lyr]
-                    self._copy([(dst[spec.block_ids[i]], self._slab[slots[i], lyr]) for i in range(good)])
+                    xfer.load_layer(job.ctx, lyr)
                 job.layers[lyr].set()
+            if job.ctx is not None:
+                xfer.finish_load(job.ctx)
             for i in range(good):  # a page deleted or replaced during the copy
                 if host.slot_of(keys[i]) != slots[i]:
                     good, reason = i, "changed"
                     break
         except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
             good, reason = 0, "error"
+            if job.ctx is not None:
+                try:  # queued copies must land before the blocks are recomputed
+                    xfer.finish_load(job.ctx)
+                except Exception:  # noqa: BLE001
+                    pass
         finally:
             for ev in job.layers:
                 ev.set()
@@ -565,13 +585,13 @@ class InProcessWorker(KVConnectorWorker):
             raise InvalidArgument("no plan bound", hint="call bind_connector_metadata first")
         if any(layer in j.layers_saved for j in self._step_saves):
             raise InvalidArgument(f"layer {layer} was already saved this step")
-        L = self.layout.num_layers
+        L, xfer = self.layout.num_layers, self._xfer
+        assert xfer is not None
         for job in self._step_saves:
             job.layers_saved.add(layer)
-            src = self._layers[layer]
-            spans = [(job.staging[i, layer], src[b]) for i, b in enumerate(job.spec.block_ids)]
-            self._copies.append(self._saver.submit(self._copy, spans))
+            xfer.save_layer(job.buf, layer)
             if len(job.layers_saved) == L:
+                xfer.mark_saved(job.buf)
                 self._saver.submit(self._put, job)
 
     def wait_for_loads(self) -> None:
@@ -579,14 +599,14 @@ class InProcessWorker(KVConnectorWorker):
             job.done.wait()
 
     def wait_for_save(self) -> None:
-        copies, self._copies = self._copies, []
-        for f in copies:
-            f.result()
+        if self._xfer is not None:
+            self._xfer.wait_for_save()
 
     def _put(self, job: _SaveJob) -> None:
         try:
-            pages = job.staging.reshape(len(job.spec.block_ids), -1)
-            res = self.store.put(list(job.spec.metas), pages, tier=self._host_name)
+            assert self._xfer is not None
+            self._xfer.wait_saved(job.buf)
+            res = self.store.put(list(job.spec.metas), job.buf.pages, tier=self._host_name)
             with self._lock:
                 self._saved += res.stored
         except Exception:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
@@ -632,6 +652,8 @@ class InProcessWorker(KVConnectorWorker):
         for job in list(self._jobs):
             job.done.wait()
         self._saver.shutdown(wait=True)
+        if self._xfer is not None:
+            self._xfer.close()
 
     def _check_layer(self, layer: int) -> None:
         L = self.layout.num_layers

@@ -5,9 +5,14 @@ builds. ``KVSTORE_NATIVE=0|1`` forces either path (read by the loader)."""
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch is imported lazily: CPU-only tiers never need it
+    import torch
 
 Spans = Sequence[tuple[np.ndarray, np.ndarray]]
 
@@ -57,3 +62,97 @@ def copy_spans(spans: Spans) -> None:
 
 def native_active() -> bool:
     return _resolve() is not None
+
+
+# ----------------------------------------------------------------------------- copy_rows
+
+
+def copy_rows_reference(
+    dst: torch.Tensor, src: torch.Tensor, dst_idx: torch.Tensor, src_idx: torch.Tensor
+) -> None:
+    """For each ``i``: ``dst[dst_idx[i]] = src[src_idx[i]]``. ``dst`` and ``src`` are 2-D uint8
+    tensors ``(rows, nbytes)`` whose rows are contiguous (any row stride, any devices); the
+    index tensors are 1-D int64 of equal length. One ``copy_`` per row, ``non_blocking`` on the
+    current stream (asynchronous between pinned host memory and a GPU) -- what an engine does
+    without a gather kernel."""
+    for d, s in zip(dst_idx.tolist(), src_idx.tolist()):
+        dst[d].copy_(src[s], non_blocking=True)
+
+
+_rows_fn: Callable[..., int] | None = None
+_rows_resolved = False
+_rows_lock = threading.Lock()
+
+
+def _resolve_rows() -> Callable[..., int] | None:
+    global _rows_fn, _rows_resolved
+    with _rows_lock:
+        if not _rows_resolved:
+            from csrc.loader import load
+
+            lib = load("copy_rows")
+            if lib is not None:
+                fn = lib.kv_copy_rows
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+                lib.kv_error_string.argtypes = [ctypes.c_int]
+                lib.kv_error_string.restype = ctypes.c_char_p
+                _rows_fn = fn
+                global _rows_err
+                _rows_err = lib.kv_error_string
+            _rows_resolved = True
+    return _rows_fn
+
+
+_rows_err: Callable[[int], bytes] | None = None
+
+
+def _device_ok(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" or t.is_pinned()
+
+
+def copy_rows(
+    dst: torch.Tensor, src: torch.Tensor, dst_idx: torch.Tensor, src_idx: torch.Tensor
+) -> bool:
+    """:func:`copy_rows_reference`, as one kernel launch (``csrc/copy_rows.cu``) on the current
+    CUDA stream when one side is a GPU tensor, the other is on that GPU or in pinned host memory,
+    the index tensors are pinned (or on the GPU), and every address, row stride and row size is
+    a multiple of 16 bytes. Returns True when the kernel ran, False when the reference did.
+
+    The copy is asynchronous on the GPU: the caller keeps ``dst``, ``src`` and both index
+    tensors alive (and unmodified) until the stream has passed it (record an event)."""
+    if dst.dim() != 2 or src.dim() != 2 or dst.dtype != src.dtype or dst.shape[1] != src.shape[1]:
+        raise ValueError(f"copy_rows needs 2-D tensors of equal row size, got {tuple(dst.shape)} "
+                         f"and {tuple(src.shape)}")
+    if dst_idx.shape != src_idx.shape or dst_idx.dim() != 1:
+        raise ValueError("copy_rows needs two 1-D index tensors of equal length")
+    if not len(dst_idx):
+        return True
+    cuda = dst if dst.device.type == "cuda" else src
+    fn = _resolve_rows() if cuda.device.type == "cuda" else None
+    nbytes = dst.shape[1] * dst.element_size()
+    aligned = all(v % 16 == 0 for v in (
+        dst.data_ptr(), src.data_ptr(), nbytes,
+        dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size()))
+    if (
+        fn is None or not aligned or dst.stride(1) != 1 or src.stride(1) != 1
+        or dst_idx.dtype != src_idx.dtype or dst_idx.dtype.itemsize != 8
+        or not all(map(_device_ok, (dst, src, dst_idx, src_idx)))
+    ):
+        copy_rows_reference(dst, src, dst_idx, src_idx)
+        return False
+    import torch
+
+    stream = torch.cuda.current_stream(cuda.device).cuda_stream
+    rc = fn(dst.data_ptr(), src.data_ptr(), dst_idx.data_ptr(), src_idx.data_ptr(),
+            len(dst_idx), dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size(),
+            nbytes, stream)
+    if rc:
+        msg = _rows_err(rc).decode() if _rows_err is not None else str(rc)
+        raise RuntimeError(f"copy_rows kernel launch failed: {msg}")
+    return True
+
+
+def copy_rows_native_active() -> bool:
+    """Whether the CUDA gather/scatter kernel built and loaded (only attempted with CUDA)."""
+    return _resolve_rows() is not None

@@ -161,12 +161,13 @@ class Engine:
         backend: str = DEFAULT_BACKEND,
         prefetch_policy: str = "timeout",
         prefetch_timeout_s: float = 5.0,
+        layerwise: bool = True,
         **engine_kwargs: Any,
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of
         ``num_blocks`` blocks in a :class:`TieredStore` over ``[hbm, *lower_tiers]`` (exposed as
         ``engine.store``), and the engine (``engine_kwargs`` as for ``__init__``). When a
-        :class:`HostTier` is among ``lower_tiers`` and the pool is on the CPU, the engine gets an
+        :class:`HostTier` is among ``lower_tiers`` (pinned, for a pool on a GPU), the engine gets an
         in-process KV connector over the store and its first host tier (prefixes evicted from
         hbm are loaded back instead of recomputed), with ``prefetch_policy`` and
         ``prefetch_timeout_s`` for pages below host (see :class:`InProcessWorker`)."""
@@ -178,12 +179,12 @@ class Engine:
         store = TieredStore(layout, [pool, *lower_tiers], write_policy=write_policy)  # type: ignore[arg-type]
         namespace = Namespace(f"random/{config_name}/{seed}", layout)
         host = next((t for t in lower_tiers if isinstance(t, HostTier)), None)
-        if host is not None and pool.pool.device.type == "cpu" and "connector" not in engine_kwargs:
+        if host is not None and "connector" not in engine_kwargs:
             engine_kwargs["connector"] = (
                 InProcessScheduler(store, namespace, num_blocks=num_blocks, host_tier=host.name),
                 InProcessWorker(store, host_tier=host.name,
                                 prefetch_policy=prefetch_policy,  # type: ignore[arg-type]
-                                prefetch_timeout_s=prefetch_timeout_s),
+                                prefetch_timeout_s=prefetch_timeout_s, layerwise=layerwise),
             )
         engine = cls(model, pool, namespace, **engine_kwargs)
         engine.store = store

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: run the `-m gpu` tests and every GPU-relevant bench, and write
 # results under $OUT (the device tool brings them back; copy them to bench/results/).
+# BENCHES="transfer|ttft" runs some benches only; GPU_TESTS=tests/gpu/x.py some tests only.
 # The GPU machine has its own Python and torch and no package index: missing wheels travel in
 # .whl/ (see the device tool's README) and are installed to /tmp/site.
 set -uo pipefail
@@ -17,9 +18,13 @@ export PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/gpu.txt"
 rc=0
-python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
-for b in "tiers --tier host" "tiers --tier disk" "lookup" "ttft"; do
-    python3 -m bench.$b --json --record 2>/dev/null | tee -a "$OUT/bench.jsonl" || rc=1
+# the CUDA kernels build on first use (nvcc); build them now so a failure is visible here
+KVSTORE_NATIVE=1 python3 -c 'import torch; from kvstore.ops import copy_rows_native_active as a; print("copy_rows kernel:", a())' 2>&1 | tee -a "$OUT/gpu.txt" || rc=1
+python3 -m pytest -q -m gpu ${GPU_TESTS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
+BENCHES=${BENCHES:-"transfer|tiers --tier host|tiers --tier disk|lookup|ttft"}
+IFS='|' read -ra list <<< "$BENCHES"
+for b in "${list[@]}"; do
+    python3 -m bench.$b --json --record 2>>"$OUT/bench-stderr.txt" | tee -a "$OUT/bench.jsonl" || rc=1
 done
 cp bench/results/*-h200*.json "$OUT/" 2>/dev/null || true
 exit $rc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from connector import InProcessScheduler, InProcessWorker
 from kvstore.keys import Namespace
@@ -36,8 +37,8 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, host_pages: int = 
                 **kw: object) -> Engine:
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, num_blocks, m, device="cpu")
-    host = HostTier("host", layout, host_pages, m)
+    pool = HBMTier("hbm", layout, num_blocks, m, device=device_of(model))
+    host = HostTier("host", layout, host_pages, m)  # pinned where CUDA is present
     store = TieredStore(layout, [pool, host], write_policy=write_policy)  # type: ignore[arg-type]
     ns = Namespace("test/tiny/7", layout)
     conn = (InProcessScheduler(store, ns, num_blocks=num_blocks),
@@ -45,6 +46,11 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, host_pages: int = 
     engine = Engine(model, pool, ns, connector=conn, **kw)  # type: ignore[arg-type]
     engine.store = store
     return engine
+
+
+def device_of(model: LlamaForPagedLM) -> torch.device:
+    """The pool goes where the model is (tests/gpu reruns this module's tests on CUDA)."""
+    return next(model.parameters()).device
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:
@@ -272,7 +278,7 @@ def test_prefix_from_disk_loads_through_host(model: LlamaForPagedLM, tmp_path) -
 
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, 32, m, device="cpu")
+    pool = HBMTier("hbm", layout, 32, m, device=device_of(model))
     host = HostTier("host", layout, 16, m)
     disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, fsync=False)
     store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[arg-type]

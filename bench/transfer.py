@@ -1,0 +1,142 @@
+"""Engine cache <-> host pages, all layers, layer by layer, through the connector's own transfer
+(:mod:`connector.transfer`), against one contiguous copy of the same bytes.
+
+    python -m bench.transfer [--quick] [--json] [--record]
+
+GPU (full run): Llama-3-8B pages (32 layers, 2 MiB each), 2048 pages (a 32K-token prefix, 4 GiB)
+scattered over a page-first pool on the GPU and the host tier's pinned slab in shuffled order.
+
+* **load** -- host slab -> GPU pool: one scatter kernel per layer (``csrc/copy_rows.cu``) on the
+  connector's load stream, what a host hit does;
+* **save** -- GPU pool -> pinned staging: one gather kernel per layer on the save stream;
+* **per-slice copies** -- the same load as one ``copy_`` per (page, layer) slice (the torch
+  reference, what an engine without a gather kernel does), on a slice of the pages;
+* **baseline** -- one contiguous pinned ``copy_`` of the same bytes in the same direction: the
+  PCIe link's limit (target: >= 0.9 of it).
+
+CPU (``--quick``, or no GPU): the same over a CPU pool with the CPU transfer (memcpy per slice
+through the native streaming copy), baseline one ``np.copyto`` of the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
+from connector.transfer import make_transfer
+from kvstore import KVLayout
+from kvstore.ops import copy_rows_native_active, copy_rows_reference, copy_spans
+
+LLAMA3_8B = KVLayout(32, 8, 128, 16, "bfloat16")
+
+
+def _best(fn: Callable[[], object], sync: Callable[[], None], rounds: int) -> float:
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = add_standard_args(argparse.ArgumentParser(prog="python -m bench.transfer")).parse_args(argv)
+    gpu = torch.cuda.is_available() and not args.quick
+    layout = LLAMA3_8B if gpu else KVLayout(8, 8, 128, 16, "bfloat16")
+    n = 2048 if gpu else 64
+    rounds = 5 if gpu else 3
+    L, P = layout.num_layers, layout.page_bytes
+    S = P // L
+    device = torch.device("cuda" if gpu else "cpu")
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    g = torch.Generator().manual_seed(0)
+    pool = torch.empty((n + 64, P), dtype=torch.uint8, device=device)
+    slab = torch.randint(0, 256, (n + 64, P), dtype=torch.uint8, generator=g)
+    slab = slab.pin_memory() if gpu else slab
+    block_ids = torch.randperm(n + 64, generator=g)[:n].tolist()
+    slots = torch.randperm(n + 64, generator=g)[:n].tolist()
+    layers = [pool.view(-1, L, S)[:, lyr] for lyr in range(L)]
+    saver = ThreadPoolExecutor(1)
+    xfer = make_transfer(layers, slab, L, P, copy_spans, saver)
+    nbytes = n * P
+
+    def load() -> None:
+        ctx = xfer.load_context(xfer.gate(), block_ids, slots)
+        for lyr in range(L):
+            xfer.load_layer(ctx, lyr)
+        xfer.finish_load(ctx)
+
+    buf = xfer.new_save(block_ids)
+
+    def save() -> None:
+        for lyr in range(L):
+            xfer.save_layer(buf, lyr)
+        xfer.mark_saved(buf)
+        xfer.wait_saved(buf)
+
+    progress = tqdm(total=4, desc="bench.transfer", leave=False, disable=args.quick)
+    t_load = _best(load, sync, rounds)
+    progress.update()
+    want = slab[torch.tensor(slots)]
+    assert torch.equal(pool[torch.tensor(block_ids)].cpu(), want), "load moved the wrong bytes"
+    t_save = _best(save, sync, rounds)
+    progress.update()
+    assert np.array_equal(buf.pages, want.numpy()), "save moved the wrong bytes"
+    if gpu:
+        flat_h = slab[:n].reshape(-1)
+        flat_d = pool[:n].reshape(-1)
+        t_h2d = _best(lambda: flat_d.copy_(flat_h, non_blocking=True), sync, rounds)
+        t_d2h = _best(lambda: flat_h.copy_(flat_d, non_blocking=True), sync, rounds)
+        base_name = "one contiguous pinned copy"
+        # per-slice copies on a slice of the pages (they are slow), scaled to the same bytes
+        k = 128
+        ids = torch.tensor(block_ids[:k]), torch.tensor(slots[:k])
+        t_ref = _best(lambda: [copy_rows_reference(layers[lyr], slab.view(-1, L, S)[:, lyr], *ids)
+                               for lyr in range(L)], sync, 2) * n / k
+    else:
+        a, b = np.empty(nbytes, np.uint8), slab.numpy().reshape(-1)[:nbytes].copy()
+        t_h2d = t_d2h = _best(lambda: np.copyto(a, b), sync, rounds)
+        base_name = "np.copyto of the same bytes"
+        t_ref = None
+    progress.update(2)
+    progress.close()
+    saver.shutdown()
+    gbs = lambda t: nbytes / t / 1e9  # noqa: E731
+    case = f"{'llama3-8b' if gpu else 'cpu'}/{n}-pages"
+    kernel = ("copy_rows kernel" if copy_rows_native_active() else "reference") if gpu else "memcpy per slice"
+    lines = [
+        measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
+                    baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
+        measurement("transfer", case, f"save ({kernel})", "throughput", gbs(t_save), "GB/s",
+                    baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
+    ]
+    if t_ref is not None:
+        lines.append(measurement("transfer", case, "load, one copy_ per slice", "throughput",
+                                 gbs(t_ref), "GB/s", baseline=f"{base_name} (host->cuda)",
+                                 baseline_value=gbs(t_h2d)))
+    if args.json:
+        emit_json(lines)
+    else:
+        print_table(("case", "variant", "GB/s", "baseline", "baseline GB/s", "ratio"),
+                    [(m.case, m.variant, m.value, m.baseline, m.baseline_value, m.ratio)
+                     for m in lines],
+                    title=f"bench.transfer ({device.type}, {nbytes / 2**30:.2f} GiB)",
+                    headline=f"headline: load {lines[0].ratio:.2f}x, save {lines[1].ratio:.2f}x "
+                             "of one contiguous copy (target >= 0.9)")
+    if args.record:
+        print(f"recorded {record('transfer', lines, command_line())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""How the in-process connector moves one layer of many pages between the engine's KV cache and
+the host tier's slab: on the CPU with memcpy on the calling thread, on a GPU with one gather or
+scatter kernel per layer on a dedicated CUDA stream (see ``csrc/copy_rows.cu``).
+
+A page's layer ``l`` is bytes ``[l * S, (l + 1) * S)`` of the page, ``S = page_bytes /
+num_layers``; an engine block's layer ``l`` is the same ``S`` bytes (see :class:`KVCacheSpec`).
+
+Both transfers have one shape, driven by :class:`~connector.inprocess.InProcessWorker`::
+
+    load thread:   ctx = load_context(gate, block_ids, slots)
+                   for l: load_layer(ctx, l) -> (worker sets its per-layer threading.Event)
+                   finish_load(ctx)                 # the bytes are in the engine's blocks
+    engine thread: wait_layer(ctx, l)               # after the Event: compute may read layer l
+    engine thread: save_layer(job_staging, block_ids, l) after attention wrote layer l
+                   after the last layer: mark_saved(job) -> save thread: wait_saved(job); put
+    engine thread: wait_for_save()                  # blocks may be overwritten after this
+
+CUDA ordering (never blocking the engine thread on a copy):
+
+* a load's stream first waits for the work the engine queued before ``start_load_kv`` (its
+  blocks may still be read by earlier kernels), then runs one scatter per layer and records an
+  event per layer; ``wait_layer`` makes the engine's current stream wait on that event;
+* a save of layer ``l`` records an event on the engine's stream right after the layer's
+  attention; the save stream waits on it, gathers the layer of every block into pinned staging
+  and, after the last layer, records the event the put (on the save thread) synchronises on;
+* ``wait_for_save`` makes the engine's stream wait for the save stream: later writes to the
+  saved blocks are ordered after the gathers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvstore.buffers import aligned_pages
+from kvstore.errors import InvalidArgument
+from kvstore.ops import Spans, copy_rows
+
+CopyFn = Callable[[Spans], None]
+
+
+@dataclass(eq=False)
+class SaveBuffer:
+    """One bound save's staging pages ``(n, num_layers, S)`` and what the transfer tracks."""
+
+    block_ids: tuple[int, ...]
+    pages: np.ndarray  # (n, page_bytes) uint8, what store.put receives
+    staging: Any  # (n, L, S): numpy (CPU) or a pinned torch tensor (CUDA)
+    pending: list[Any] = field(default_factory=list)  # copy futures (CPU) / the last event (CUDA)
+    index: Any = None  # CUDA: the pinned index tensors the gathers read
+
+
+class LayerTransfer(ABC):
+    """Moves layer ``l`` of many pages between the engine's cache and the host slab."""
+
+    @abstractmethod
+    def gate(self) -> Any:
+        """Called on the engine thread in ``start_load_kv``: what a load must wait for before
+        it overwrites engine blocks."""
+
+    @abstractmethod
+    def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> Any: ...
+
+    @abstractmethod
+    def load_layer(self, ctx: Any, layer: int) -> None: ...
+
+    @abstractmethod
+    def finish_load(self, ctx: Any) -> None:
+        """Block (load thread) until every layer's copy of ``ctx`` has landed."""
+
+    @abstractmethod
+    def wait_layer(self, ctx: Any, layer: int) -> None:
+        """Engine thread: order the engine's later reads of layer ``layer`` after its load."""
+
+    @abstractmethod
+    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer: ...
+
+    @abstractmethod
+    def save_layer(self, buf: SaveBuffer, layer: int) -> None: ...
+
+    @abstractmethod
+    def mark_saved(self, buf: SaveBuffer) -> None:
+        """Engine thread, after the last layer of ``buf`` was handed to :meth:`save_layer`."""
+
+    @abstractmethod
+    def wait_saved(self, buf: SaveBuffer) -> None:
+        """Save thread: block until ``buf.pages`` hold every layer."""
+
+    @abstractmethod
+    def wait_for_save(self) -> None:
+        """Engine thread: saved blocks may be overwritten by anything queued after this."""
+
+    def close(self) -> None:
+        pass
+
+
+class CpuTransfer(LayerTransfer):
+    """CPU caches: loads copy on the load thread; saves copy on one save thread (in order)."""
+
+    def __init__(self, layers: list[np.ndarray], slab: np.ndarray, num_layers: int,
+                 page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor) -> None:
+        self._layers, self._slab = layers, slab  # (num_blocks, S) per layer; (P, L, S)
+        self._L, self._page_bytes = num_layers, page_bytes
+        self._copy, self._saver = copy_fn, saver
+        self._copies: list[Future[None]] = []
+
+    def gate(self) -> None:
+        return None
+
+    def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> Any:
+        return list(zip(block_ids, slots))
+
+    def load_layer(self, ctx: Any, layer: int) -> None:
+        dst = self._layers[layer]
+        self._copy([(dst[b], self._slab[s, layer]) for b, s in ctx])
+
+    def finish_load(self, ctx: Any) -> None:
+        pass
+
+    def wait_layer(self, ctx: Any, layer: int) -> None:
+        pass  # the copy ran before the layer's Event was set
+
+    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
+        pages = aligned_pages(len(block_ids), self._page_bytes)
+        return SaveBuffer(tuple(block_ids), pages, pages.reshape(len(block_ids), self._L, -1))
+
+    def save_layer(self, buf: SaveBuffer, layer: int) -> None:
+        src = self._layers[layer]
+        spans = [(buf.staging[i, layer], src[b]) for i, b in enumerate(buf.block_ids)]
+        fut = self._saver.submit(self._copy, spans)
+        buf.pending.append(fut)
+        self._copies.append(fut)
+
+    def mark_saved(self, buf: SaveBuffer) -> None:
+        pass
+
+    def wait_saved(self, buf: SaveBuffer) -> None:
+        for f in buf.pending:  # submitted before the put on the same thread: already done
+            f.result()
+
+    def wait_for_save(self) -> None:
+        copies, self._copies = self._copies, []
+        for f in copies:
+            f.result()
+
+
+@dataclass(eq=False)
+class _CudaLoad:
+    dst_idx: torch.Tensor  # pinned int64, read by the kernel through UVA
+    src_idx: torch.Tensor
+    events: list[torch.cuda.Event]
+
+
+class CudaTransfer(LayerTransfer):
+    """CUDA caches: one kernel per layer on a load stream and a save stream, ordered against
+    the engine's stream by events (see the module docstring). ``slab``: the host tier's pinned
+    slab as a ``(P, page_bytes)`` uint8 tensor."""
+
+    def __init__(self, layers: list[torch.Tensor], slab: torch.Tensor, num_layers: int,
+                 page_bytes: int) -> None:
+        if not slab.is_pinned():
+            raise InvalidArgument(
+                "a CUDA KV cache needs a pinned host tier (DMA target), this one is pageable",
+                hint="leave the host tier's pin_memory on 'auto' (pinned when CUDA is present)",
+            )
+        self.device = layers[0].device
+        self._L, self._page_bytes = num_layers, page_bytes
+        self._layers = layers  # (num_blocks, S) uint8 views per layer, on the GPU
+        S = page_bytes // num_layers
+        self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
+        self._load_stream = torch.cuda.Stream(self.device)
+        self._save_stream = torch.cuda.Stream(self.device)
+
+    @staticmethod
+    def _pinned(ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(ids), dtype=torch.int64).pin_memory()
+
+    def gate(self) -> torch.cuda.Event:
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> _CudaLoad:
+        self._load_stream.wait_event(gate)
+        return _CudaLoad(self._pinned(block_ids), self._pinned(slots),
+                         [torch.cuda.Event() for _ in range(self._L)])
+
+    def load_layer(self, ctx: _CudaLoad, layer: int) -> None:
+        with torch.cuda.stream(self._load_stream):
+            copy_rows(self._layers[layer], self._slab_layers[layer], ctx.dst_idx, ctx.src_idx)
+            ctx.events[layer].record(self._load_stream)
+
+    def finish_load(self, ctx: _CudaLoad) -> None:
+        ctx.events[-1].synchronize()  # one stream, in order: the last layer ends the load
+
+    def wait_layer(self, ctx: _CudaLoad, layer: int) -> None:
+        torch.cuda.current_stream(self.device).wait_event(ctx.events[layer])
+
+    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
+        n = len(block_ids)
+        staging = torch.empty((n, self._L, self._page_bytes // self._L), dtype=torch.uint8,
+                              pin_memory=True)
+        return SaveBuffer(tuple(block_ids), staging.numpy().reshape(n, -1), staging,
+                          index=(self._pinned(block_ids), self._pinned(range(n))))
+
+    def save_layer(self, buf: SaveBuffer, layer: int) -> None:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))
+        self._save_stream.wait_event(ready)
+        src_idx, dst_idx = buf.index
+        with torch.cuda.stream(self._save_stream):
+            copy_rows(buf.staging[:, layer], self._layers[layer], dst_idx, src_idx)
+
+    def mark_saved(self, buf: SaveBuffer) -> None:
+        ev = torch.cuda.Event()
+        ev.record(self._save_stream)
+        buf.pending.append(ev)
+
+    def wait_saved(self, buf: SaveBuffer) -> None:
+        for ev in buf.pending:
+            ev.synchronize()
+
+    def wait_for_save(self) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(self._save_stream)
+
+
+def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,
+                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor) -> LayerTransfer:
+    """The transfer for the engine's cache: ``tensors_by_layer`` are ``(num_blocks, S)`` uint8
+    views of each layer (CPU or one GPU); ``host_slab`` the host tier's ``(P, page_bytes)``."""
+    if tensors_by_layer[0].device.type == "cuda":
+        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes)
+    layers = [t.numpy() for t in tensors_by_layer]
+    slab = host_slab.numpy().reshape(host_slab.shape[0], num_layers, -1)
+    return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver)
+
+
+__all__ = ["CpuTransfer", "CudaTransfer", "LayerTransfer", "SaveBuffer", "make_transfer"]
