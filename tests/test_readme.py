@@ -23,3 +23,12 @@ def test_setup_commands_exist() -> None:
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
     for script in ("scripts/bootstrap.sh", "scripts/test.sh"):
         assert (ROOT / script).exists()
+
+
+def test_connector_example_runs() -> None:
+    """The README's minimal engine over the connector is real code: it runs and its asserts hold."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Connector API"):]
+    code = section[section.index("```python\n") + 10:]
+    code = code[:code.index("```")]
+    exec(compile(code, "README.md#connector-api", "exec"), {"__name__": "readme_example"})
