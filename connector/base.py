@@ -145,10 +145,13 @@ class KVCacheSpec:
 class LoadMatch:
     """What the store can supply for a request: ``num_tokens`` (whole blocks) beyond the
     engine's computed prefix; ``load_async``: the load spans steps (pages come from a tier below
-    the host tier) and the request waits until ``get_finished`` reports it in ``recving``."""
+    the host tier) and the request waits until ``get_finished`` reports it in ``recving``.
+    ``tiers``: where each matched block was found at lookup (its fastest tier), for the
+    engine's per-tier reuse counts; empty when the connector does not say."""
 
     num_tokens: int
     load_async: bool
+    tiers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,7 +210,7 @@ class InProcessScheduler(KVConnectorScheduler):
             return LoadMatch(0, False)
         load_async = any(rank[t] > self._host for t in found.tiers[:n])
         self._matches[request_id] = _Match(tuple(keys[:n]), found.lease, load_async)
-        return LoadMatch(n * B, load_async)
+        return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
 
     @property
     def recompute_tokens_per_s(self) -> float | None:

@@ -40,8 +40,9 @@ class RequestMetrics:
     ``num_tokens_computed``: tokens run through the model in prefill — the prompt part not found
     in the cache, plus everything recomputed after a preemption (decode steps are not counted).
     ``num_tokens_reused``: tokens whose K/V came from the cache instead, by tier (``{"hbm": n}``),
-    summed over admissions; with a KV connector also ``"host"`` (tokens loaded from the host
-    tier or below). Without preemption ``computed + sum(reused) == len(prompt)``.
+    summed over admissions; with a KV connector also ``"host"`` and, when used, each lower
+    tier the connector loaded from (``"disk"``, ``"redis"``: tokens loaded through host from
+    there). Without preemption ``computed + sum(reused) == len(prompt)``.
     ``num_preemptions``: times the request was evicted from the running set to free blocks.
     """
 
@@ -99,11 +100,13 @@ class Request:
     #: at the connector (fresh per admission, so a preempted request's in-flight transfers are
     #: never confused with its next admission's). ``num_saved_blocks``: leading blocks that are
     #: saved, loaded or hbm hits (saves go past it). ``load_start``/``load_block_ids``: the
-    #: blocks being loaded this step (block index of the first, engine block ids).
+    #: blocks being loaded this step (block index of the first, engine block ids);
+    #: ``load_tiers``: the tier each of them is loaded from (as the connector matched it).
     connector_id: str | None = None
     num_saved_blocks: int = 0
     load_start: int = 0
     load_block_ids: list[int] = field(default_factory=list)
+    load_tiers: tuple[str, ...] = ()
     num_tokens_load_failed: int = 0
 
     def __post_init__(self) -> None:

@@ -198,7 +198,9 @@ class Scheduler:
                     ntok = len(loaded) * self.block_size
                     self.connector.scheduler.update_state_after_alloc(
                         req.connector_id, loaded, ntok)
-                    req.num_tokens_reused["host"] += ntok
+                    for tier in req.load_tiers:
+                        req.num_tokens_reused[tier] = (req.num_tokens_reused.get(tier, 0)
+                                                       + self.block_size)
                     self.num_tokens_loaded += ntok
                     req.load_start, req.load_block_ids = hits, loaded
                     self._loading.append(req)
@@ -238,6 +240,7 @@ class Scheduler:
         nblk = match.num_tokens // self.block_size
         if nblk == 0:
             return []
+        req.load_tiers = tuple(match.tiers[:nblk]) if len(match.tiers) >= nblk else ("host",) * nblk
         got = self.pool.allocate(nblk)
         if got is None:  # no room to load into: recompute instead
             conn.scheduler.update_state_after_alloc(cid, [], 0)
@@ -274,7 +277,8 @@ class Scheduler:
             failed = (len(req.load_block_ids) - idx) * self.block_size
             req.num_computed_tokens = first * self.block_size
             req.num_saved_blocks = min(req.num_saved_blocks, first)
-            req.num_tokens_reused["host"] -= failed
+            for tier in req.load_tiers[idx:]:
+                req.num_tokens_reused[tier] -= self.block_size
             req.num_tokens_load_failed += failed
             self.num_tokens_loaded -= failed
             self.num_tokens_load_failed += failed
@@ -303,7 +307,7 @@ class Scheduler:
         (freed later by :meth:`free_delayed`, or now after waiting for copies out of them)."""
         conn, cid = self.connector, req.connector_id
         req.connector_id = None
-        req.load_block_ids = []
+        req.load_block_ids, req.load_tiers = [], ()
         if conn is None or cid is None:
             return False
         held = conn.scheduler.request_finished(cid)

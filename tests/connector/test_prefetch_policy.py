@@ -240,7 +240,7 @@ def test_engine_output_identical_under_each_policy(
     monkeypatch.setattr(disk, "_read", slow)
     (o,) = engine.generate([p], greedy)
     assert o.output_token_ids == ref.output_token_ids
-    assert o.metrics.num_tokens_reused.get("host", 0) == reused
+    assert o.metrics.num_tokens_reused.get("disk", 0) == reused  # loaded through host
     failed = engine.connector.worker.stats().load_failures
     assert sum(failed.values()) == (3 - reused // BS)
     engine.drain()
@@ -266,7 +266,7 @@ def test_engine_feeds_prefill_speed_and_declines_slow_loads(
     monkeypatch.setattr(store, "read_bandwidth", lambda name: 1.0)  # 1 B/s: never pays
     (o,) = engine.generate([p], greedy)
     assert o.output_token_ids == ref.output_token_ids
-    assert o.metrics.num_tokens_reused.get("host", 0) == 0
+    assert o.metrics.num_tokens_reused.get("disk", 0) == 0
     assert sched.decisions == {"recompute": 3}
     assert _decisions(store, "recompute") == 3
     assert engine.connector.worker.stats().load_failures == {}
