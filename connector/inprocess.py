@@ -367,8 +367,11 @@ class InProcessWorker(KVConnectorWorker):
     ``timeout`` (the default) -- how a load treats pages still below the host tier (see the
     module docstring). ``prefetch_timeout_s``: the ``timeout`` policy's wait (default:
     ``load_timeout_s``, its older name). ``layerwise``: False waits for a whole load before
-    layer 0 (the ablation baseline). ``clock``: the store's clock (lease expiry is judged by
-    it). ``copy_fn``: copies one layer's spans of a CPU cache (tests inject a slow one)."""
+    layer 0 (the ablation baseline). ``staging_bytes``: the pinned pool saves from a GPU cache
+    are gathered into (default 4 GiB, at most the host tier's size; a save that finds it full
+    stages the prefix that fits and drops the rest, counted in ``saves_abandoned``).
+    ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
+    layer's spans of a CPU cache (tests inject a slow one)."""
 
     def __init__(
         self,
@@ -379,6 +382,7 @@ class InProcessWorker(KVConnectorWorker):
         prefetch_policy: PrefetchPolicy = "timeout",
         prefetch_timeout_s: float | None = None,
         layerwise: bool = True,
+        staging_bytes: int = 4 << 30,
         clock: Callable[[], float] = time.monotonic,
         copy_fn: CopyFn = copy_spans,
     ) -> None:
@@ -400,6 +404,11 @@ class InProcessWorker(KVConnectorWorker):
         self.load_timeout_s = load_timeout_s if prefetch_timeout_s is None else prefetch_timeout_s
         self.prefetch_policy = prefetch_policy
         self.layerwise = bool(layerwise)
+        if not isinstance(staging_bytes, int) or staging_bytes < layout.page_bytes:
+            raise InvalidArgument(
+                f"staging_bytes must be an int of at least one page ({layout.page_bytes}), "
+                f"got {staging_bytes!r}")
+        self._staging_pages = min(staging_bytes // layout.page_bytes, self._host.capacity_pages)
         self._clock = clock
         self._copy = copy_fn
         self._spec: KVCacheSpec | None = None
@@ -441,7 +450,7 @@ class InProcessWorker(KVConnectorWorker):
             layers = [t.view(n, -1).view(torch.uint8) for t in spec.tensors]
         assert all(tuple(v.shape) == (n, S) for v in layers)
         xfer = make_transfer(layers, self._host.slab_tensor, L, self.layout.page_bytes,
-                             self._copy, self._saver)
+                             self._copy, self._saver, self._staging_pages)
         if self._xfer is not None:
             self._xfer.close()
         self._spec, self._xfer = spec, xfer
@@ -462,7 +471,9 @@ class InProcessWorker(KVConnectorWorker):
         self._meta = meta
         self._step_loads = []
         self._step_saves = [_SaveJob(s, self._xfer.new_save(s.block_ids)) for s in meta.saves]
+        short = sum(len(j.buf.block_ids) < len(j.spec.block_ids) for j in self._step_saves)
         with self._lock:
+            self._abandoned += short  # staging ran short: the tails are not saved
             for s in meta.saves:
                 self._inflight[s.request_id] += 1
                 self._tracked.add(s.request_id)
@@ -606,17 +617,31 @@ class InProcessWorker(KVConnectorWorker):
         try:
             assert self._xfer is not None
             self._xfer.wait_saved(job.buf)
-            res = self.store.put(list(job.spec.metas), job.buf.pages, tier=self._host_name)
-            with self._lock:
-                self._saved += res.stored
+            n = len(job.buf.block_ids)
+            if n:
+                res = self.store.put(list(job.spec.metas[:n]), job.buf.pages, tier=self._host_name)
+                with self._lock:
+                    self._saved += res.stored
         except Exception:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
             with self._lock:
                 self._abandoned += 1
         finally:
+            self._xfer.release(job.buf)  # type: ignore[union-attr]
             with self._lock:
                 self._inflight[job.spec.request_id] -= 1
 
     def _abandon(self, job: _SaveJob) -> None:
+        xfer = self._xfer
+        if xfer is not None:  # staging is reused only after the copies queued into it landed
+            xfer.mark_saved(job.buf)
+
+            def drop() -> None:
+                try:
+                    xfer.wait_saved(job.buf)
+                finally:
+                    xfer.release(job.buf)
+
+            self._saver.submit(drop)
         with self._lock:
             self._abandoned += 1
             self._inflight[job.spec.request_id] -= 1

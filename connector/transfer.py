@@ -29,6 +29,7 @@ CUDA ordering (never blocking the engine thread on a copy):
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,9 +50,9 @@ CopyFn = Callable[[Spans], None]
 class SaveBuffer:
     """One bound save's staging pages ``(n, num_layers, S)`` and what the transfer tracks."""
 
-    block_ids: tuple[int, ...]
-    pages: np.ndarray  # (n, page_bytes) uint8, what store.put receives
-    staging: Any  # (n, L, S): numpy (CPU) or a pinned torch tensor (CUDA)
+    block_ids: tuple[int, ...]  # may be a prefix of the blocks asked for (staging ran short)
+    pages: Any  # (n, page_bytes) uint8 array or n page views: what store.put receives
+    staging: Any  # CPU: (n, L, S) numpy; CUDA: the staging rows taken from the pinned pool
     pending: list[Any] = field(default_factory=list)  # copy futures (CPU) / the last event (CUDA)
     index: Any = None  # CUDA: the pinned index tensors the gathers read
 
@@ -79,7 +80,11 @@ class LayerTransfer(ABC):
         """Engine thread: order the engine's later reads of layer ``layer`` after its load."""
 
     @abstractmethod
-    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer: ...
+    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
+        """Staging for saving ``block_ids``; it may cover only a prefix of them."""
+
+    def release(self, buf: SaveBuffer) -> None:
+        """Save thread, after the put (or when the save is abandoned): staging can be reused."""
 
     @abstractmethod
     def save_layer(self, buf: SaveBuffer, layer: int) -> None: ...
@@ -160,10 +165,15 @@ class _CudaLoad:
 class CudaTransfer(LayerTransfer):
     """CUDA caches: one kernel per layer on a load stream and a save stream, ordered against
     the engine's stream by events (see the module docstring). ``slab``: the host tier's pinned
-    slab as a ``(P, page_bytes)`` uint8 tensor."""
+    slab as a ``(P, page_bytes)`` uint8 tensor.
+
+    Saves gather into a pinned staging pool of ``staging_pages`` pages, allocated once (page-
+    locking memory costs far more than copying it, so it is never done per save). A save that
+    finds the pool short stages the longest prefix of its blocks that fits and drops the rest
+    (a later cache miss, never a stall)."""
 
     def __init__(self, layers: list[torch.Tensor], slab: torch.Tensor, num_layers: int,
-                 page_bytes: int) -> None:
+                 page_bytes: int, staging_pages: int) -> None:
         if not slab.is_pinned():
             raise InvalidArgument(
                 "a CUDA KV cache needs a pinned host tier (DMA target), this one is pageable",
@@ -176,6 +186,13 @@ class CudaTransfer(LayerTransfer):
         self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
         self._load_stream = torch.cuda.Stream(self.device)
         self._save_stream = torch.cuda.Stream(self.device)
+        self._staging = torch.empty((staging_pages, page_bytes), dtype=torch.uint8,
+                                    pin_memory=True)
+        self._staging_pages = self._staging.numpy()
+        self._staging_layers = [self._staging.view(-1, num_layers, S)[:, lyr]
+                                for lyr in range(num_layers)]
+        self._free_rows = list(range(staging_pages - 1, -1, -1))
+        self._rows_lock = threading.Lock()
 
     @staticmethod
     def _pinned(ids: Sequence[int]) -> torch.Tensor:
@@ -203,19 +220,27 @@ class CudaTransfer(LayerTransfer):
         torch.cuda.current_stream(self.device).wait_event(ctx.events[layer])
 
     def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
-        n = len(block_ids)
-        staging = torch.empty((n, self._L, self._page_bytes // self._L), dtype=torch.uint8,
-                              pin_memory=True)
-        return SaveBuffer(tuple(block_ids), staging.numpy().reshape(n, -1), staging,
-                          index=(self._pinned(block_ids), self._pinned(range(n))))
+        with self._rows_lock:
+            k = min(len(block_ids), len(self._free_rows))
+            rows = [self._free_rows.pop() for _ in range(k)]
+        ids = tuple(block_ids[:k])
+        return SaveBuffer(ids, [self._staging_pages[r] for r in rows], rows,
+                          index=(self._pinned(ids), self._pinned(rows)))
+
+    def release(self, buf: SaveBuffer) -> None:
+        with self._rows_lock:
+            self._free_rows.extend(buf.staging)
+        buf.staging = []
 
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
+        if not buf.block_ids:
+            return
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self.device))
         self._save_stream.wait_event(ready)
         src_idx, dst_idx = buf.index
         with torch.cuda.stream(self._save_stream):
-            copy_rows(buf.staging[:, layer], self._layers[layer], dst_idx, src_idx)
+            copy_rows(self._staging_layers[layer], self._layers[layer], dst_idx, src_idx)
 
     def mark_saved(self, buf: SaveBuffer) -> None:
         ev = torch.cuda.Event()
@@ -231,11 +256,13 @@ class CudaTransfer(LayerTransfer):
 
 
 def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,
-                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor) -> LayerTransfer:
+                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor,
+                  staging_pages: int = 1) -> LayerTransfer:
     """The transfer for the engine's cache: ``tensors_by_layer`` are ``(num_blocks, S)`` uint8
-    views of each layer (CPU or one GPU); ``host_slab`` the host tier's ``(P, page_bytes)``."""
+    views of each layer (CPU or one GPU); ``host_slab`` the host tier's ``(P, page_bytes)``;
+    ``staging_pages``: the pinned save-staging pool of a CUDA cache."""
     if tensors_by_layer[0].device.type == "cuda":
-        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes)
+        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes, staging_pages)
     layers = [t.numpy() for t in tensors_by_layer]
     slab = host_slab.numpy().reshape(host_slab.shape[0], num_layers, -1)
     return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver)

@@ -1,0 +1,114 @@
+"""GPU machine only (-m gpu): the in-process connector over CUDA KV caches, driven through its
+API -- blocks saved from the GPU land in the host tier byte for byte, loads bring them back into
+other blocks, for a page-first pool and for per-layer caches; a save larger than the pinned
+staging pool stores the prefix that fits and counts the rest as abandoned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from connector import InProcessScheduler, InProcessWorker, KVCacheSpec
+from kvstore import KVLayout, Metrics, Namespace, TieredStore
+from kvstore.tiers.host import HostTier
+
+pytestmark = pytest.mark.gpu
+
+LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="bfloat16")
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.fail("-m gpu tests need a CUDA GPU")
+
+
+def _caches(kind: str) -> tuple[KVCacheSpec, list[torch.Tensor]]:
+    """The spec and, per block id, a function of its bytes: a (num_blocks, page) uint8 view."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    if kind == "page_first":
+        pool = torch.randn((32, *LAYOUT.page_shape), generator=g, device="cuda").bfloat16()
+        return KVCacheSpec.page_first(pool), [pool]
+    per = [torch.randn((32, *LAYOUT.page_shape[1:]), generator=g, device="cuda").bfloat16()
+           for _ in range(LAYOUT.num_layers)]
+    return KVCacheSpec.per_layer(per), per
+
+
+def _block(tensors: list[torch.Tensor], b: int) -> torch.Tensor:
+    if len(tensors) == 1:
+        return tensors[0][b].reshape(-1).view(torch.uint8).cpu()
+    return torch.cat([t[b].reshape(-1).view(torch.uint8) for t in tensors]).cpu()
+
+
+def _step(sched: InProcessScheduler, worker: InProcessWorker, rid: str, tokens: list[int],
+          blocks: list[int], save: list[int] | None, ns: Namespace) -> set[int]:
+    m = sched.get_num_new_matched_tokens(rid, tokens, 0)
+    if m.num_tokens:
+        sched.update_state_after_alloc(rid, blocks[: m.num_tokens // 16], m.num_tokens)
+    if save:
+        sched.request_save(rid, save, ns.chain(tokens).metas()[: len(save)])
+    worker.bind_connector_metadata(sched.build_connector_meta())
+    worker.start_load_kv()
+    for layer in range(LAYOUT.num_layers):
+        worker.wait_for_layer_load(layer)
+        worker.save_kv_layer(layer)
+    worker.wait_for_loads()
+    worker.wait_for_save()
+    failed = worker.get_block_ids_with_load_errors()
+    worker.clear_connector_metadata()
+    sched.request_finished(rid)
+    return failed
+
+
+@pytest.mark.parametrize("kind", ["page_first", "per_layer"])
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool) -> None:
+    host = HostTier("host", LAYOUT, 16, Metrics())
+    assert host.pinned
+    store = TieredStore(LAYOUT, [host])
+    ns = Namespace("gpu-test", LAYOUT)
+    spec, tensors = _caches(kind)
+    sched = InProcessScheduler(store, ns, num_blocks=32)
+    worker = InProcessWorker(store, layerwise=layerwise)
+    worker.register_kv_caches(spec)
+    tokens = list(range(1000, 1000 + 16 * 5 + 3))
+    saved = [3, 9, 0, 17, 30]
+    want = [_block(tensors, b) for b in saved]
+    assert _step(sched, worker, "a", tokens, [], saved, ns) == set()
+    worker.close()  # waits for the puts
+    keys = ns.chain(tokens).keys[:5]
+    out = np.empty((5, LAYOUT.page_bytes), np.uint8)
+    assert all(store.get(ns.id, keys, out).found)
+    for got, w in zip(out, want):
+        assert torch.equal(torch.from_numpy(got), w)
+    worker = InProcessWorker(store, layerwise=layerwise)
+    worker.register_kv_caches(spec)
+    dst = [31, 4, 5, 12, 20]
+    assert _step(sched, worker, "b", tokens, dst, None, ns) == set()
+    torch.cuda.synchronize()
+    for b, w in zip(dst, want):
+        assert torch.equal(_block(tensors, b), w)
+    assert worker.stats().blocks_loaded == 5
+    worker.close()
+    store.close()
+
+
+def test_save_beyond_the_staging_pool_keeps_the_prefix() -> None:
+    host = HostTier("host", LAYOUT, 16, Metrics())
+    store = TieredStore(LAYOUT, [host])
+    ns = Namespace("gpu-test", LAYOUT)
+    spec, tensors = _caches("page_first")
+    sched = InProcessScheduler(store, ns, num_blocks=32)
+    worker = InProcessWorker(store, staging_bytes=2 * LAYOUT.page_bytes)
+    worker.register_kv_caches(spec)
+    tokens = list(range(1, 16 * 4 + 2))
+    _step(sched, worker, "a", tokens, [], [5, 6, 7, 8], ns)
+    worker.close()
+    keys = ns.chain(tokens).keys[:4]
+    assert host.contains(keys) == [True, True, False, False]
+    assert worker.stats().saves_abandoned == 1 and worker.stats().blocks_saved == 2
+    out = np.empty((2, LAYOUT.page_bytes), np.uint8)
+    assert all(store.get(ns.id, keys[:2], out).found)
+    assert torch.equal(torch.from_numpy(out[1]), _block(tensors, 6))
+    store.close()
