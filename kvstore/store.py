@@ -28,9 +28,13 @@ least one page updates that tier's exponentially weighted average of bytes/s of 
 (``bandwidth_alpha`` weighs the newest sample). :meth:`read_bandwidth` reports it (None until a
 first successful read); connectors weigh it against recompute speed (load-or-recompute).
 
-Concurrency: one lock guards policies, leases and hit counts. Eviction (and the write-back it
-may cause) runs under it; page copies of gets and puts run outside it — tiers are thread-safe
-and a tier read of a concurrently deleted key is a miss, never other bytes.
+Concurrency: one lock guards policies, leases and hit counts. Page copies of gets and puts run
+outside it — tiers are thread-safe and a tier read of a concurrently deleted key is a miss, never
+other bytes. A put that must make room chooses its victims under the lock, then writes them back
+(a copy down to a slower tier: disk, Redis) *outside* it, so a save that triggers write-back
+never holds up lookups, leases or gets of other threads (an engine's next step); a victim
+leased meanwhile is kept, not deleted. Explicit eviction (``evict``, an engine pool reclaiming
+blocks) writes back under the lock.
 """
 
 from __future__ import annotations
@@ -252,7 +256,9 @@ class TieredStore:
                 seen.add(meta.key)
                 new_m.append(meta)
                 new_v.append(view)
-            self._make_room(ti, len(new_m))
+            victims = self._choose_victims(ti, len(new_m))
+        if victims:
+            self._retire(ti, victims)
         stored = tier.write(new_m, new_v) if new_m else []
         ok_m = [m for m, ok in zip(new_m, stored) if ok]
         ok_v = [v for v, ok in zip(new_v, stored) if ok]
@@ -269,10 +275,17 @@ class TieredStore:
     def _make_room(self, ti: int, n: int) -> None:
         """Evict from tier ``ti`` until ``n`` more pages fit (fewer if too much is pinned).
         Called with the lock held."""
+        victims = self._choose_victims(ti, n)
+        if victims:
+            self._retire(ti, victims)
+
+    def _choose_victims(self, ti: int, n: int) -> list[bytes]:
+        """Take victims for ``n`` more pages out of tier ``ti``'s policy (lock held). They stay
+        in the tier until :meth:`_retire` writes them back and deletes them."""
         tier, policy = self.tiers[ti], self.policies[ti]
         need = max(n - tier.free_pages, len(policy) + n - policy.capacity)
         if need <= 0:
-            return
+            return []
         self._expire_leases()
         pins = self._pins
         if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
@@ -280,16 +293,30 @@ class TieredStore:
             victims = cast("list[bytes]", policy.evict(need, lambda k: k in pins or in_use(k)))
         else:
             victims = cast("list[bytes]", policy.evict(need, pins.__contains__))
-        if not victims:
-            return
-        below = ti + 1 < len(self.tiers)
-        if below and self.write_policy == "write_back":
-            self._copy_down(ti, victims, "write_back")
-        tier.delete(victims)
-        tier.count_eviction(len(victims))
         hits = self._hits[ti]
         for k in victims:
             hits.pop(k, None)
+        return victims
+
+    def _retire(self, ti: int, victims: list[bytes]) -> None:
+        """Write ``victims`` back (write-back policy) and delete them from tier ``ti``. Runs with
+        or without the lock; the delete itself is under it, and spares a victim that a lease
+        pinned since it was chosen (it goes back into the policy, if the policy has room: else
+        it is deleted all the same -- a failed load is recomputed, a leaked slot never returns)."""
+        tier, policy = self.tiers[ti], self.policies[ti]
+        if ti + 1 < len(self.tiers) and self.write_policy == "write_back":
+            self._copy_down(ti, victims, "write_back")
+        with self._lock:
+            self._expire_leases()
+            gone = []
+            for k in victims:
+                meta = tier.meta(k) if k in self._pins and len(policy) < policy.capacity else None
+                if meta is not None:
+                    policy.insert(k, meta.parent)
+                else:
+                    gone.append(k)
+            tier.delete(gone)
+            tier.count_eviction(len(gone))
 
     def _copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
         """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present."""

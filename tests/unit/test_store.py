@@ -272,3 +272,78 @@ def test_bad_construction(layout: KVLayout) -> None:
         TieredStore(layout, [HostTier("d", KVLayout(1, 1, 1, 1, "float16"), 2, m)])
     with pytest.raises(InvalidArgument, match="at least one page"):
         HostTier("e", layout, 0, m)
+
+
+def _blocking_write(monkeypatch: pytest.MonkeyPatch, tier: HostTier):  # type: ignore[no-untyped-def]
+    """Make ``tier``'s writes wait for ``gate``; ``entered`` is set once one is waiting."""
+    import threading
+
+    entered, gate = threading.Event(), threading.Event()
+    real = tier._write
+
+    def write(metas, pages):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert gate.wait(10)
+        return real(metas, pages)
+
+    monkeypatch.setattr(tier, "_write", write)
+    return entered, gate
+
+
+def test_write_back_runs_outside_the_store_lock(layout: KVLayout, ns: Namespace,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put that makes room writes its victims back to the slower tier without holding the
+    store lock: another thread's leased lookup and get complete while that write is stuck."""
+    import threading
+
+    store = two_tier(layout, "write_back", top=4)
+    chain = ns.chain(list(range(4 * 6)))
+    pages = random_pages(layout, 6)
+    store.put(chain.metas(0, 4), pages[:4])
+    entered, gate = _blocking_write(monkeypatch, store.tier("slow"))  # type: ignore[arg-type]
+    writer = threading.Thread(target=store.put, args=(chain.metas(4, 6), pages[4:]))
+    writer.start()
+    assert entered.wait(5)  # the write-back of blocks 0 and 1 is in progress
+    got: list[object] = []
+
+    def reader() -> None:
+        res = store.lookup(chain.keys[2:4], lease=True)
+        out = np.zeros((2, layout.page_bytes), np.uint8)
+        got.append((res.num_blocks, store.get(ns.id, chain.keys[2:4], out, lease=res.lease), out))
+
+    r = threading.Thread(target=reader)
+    r.start()
+    r.join(5)
+    finished = not r.is_alive()
+    gate.set()
+    writer.join(10)
+    r.join(10)
+    assert finished, "a lookup waited for another thread's write-back"
+    n, res, out = got[0]  # type: ignore[misc]
+    assert n == 2 and all(res.found) and np.array_equal(out, pages[2:4])
+    assert store.tier("slow").contains(chain.keys[:2]) == [True, True]
+    store.check_integrity()
+
+
+def test_victim_leased_during_write_back_is_kept(layout: KVLayout, ns: Namespace,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    store = two_tier(layout, "write_back", top=4)
+    chain = ns.chain(list(range(4 * 5)))
+    pages = random_pages(layout, 5)
+    store.put(chain.metas(0, 4), pages[:4])
+    entered, gate = _blocking_write(monkeypatch, store.tier("slow"))  # type: ignore[arg-type]
+    writer = threading.Thread(target=store.put, args=(chain.metas(4, 5), pages[4:]))
+    writer.start()
+    assert entered.wait(5)  # block 0 (LRU) is being written back
+    lease = store.lookup(chain.keys[:1], lease=True).lease  # an engine leases it meanwhile
+    gate.set()
+    writer.join(10)
+    fast = store.tier("fast")
+    assert fast.contains(chain.keys[:1]) == [True]  # spared: still where the lease found it
+    out, tiers = read_all(store, ns, chain.keys[:1])
+    assert np.array_equal(out, pages[:1]) and tiers == ("fast",)
+    assert lease is not None
+    store.release(lease)
+    store.check_integrity()
