@@ -209,7 +209,13 @@ class InProcessScheduler(KVConnectorScheduler):
                 self._release(found.lease)
             return LoadMatch(0, False)
         load_async = any(rank[t] > self._host for t in found.tiers[:n])
-        self._matches[request_id] = _Match(tuple(keys[:n]), found.lease, load_async)
+        lease = found.lease
+        if lease is not None and n < found.num_blocks:
+            try:  # the rest (held in hbm, or declined) must stay evictable
+                lease = self.store.narrow(lease, n)
+            except LeaseError:
+                lease = None  # expired already: the load judges its pages as they are
+        self._matches[request_id] = _Match(tuple(keys[:n]), lease, load_async)
         return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
 
     @property

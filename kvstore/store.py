@@ -184,6 +184,22 @@ class TieredStore:
             self._unpin(held.keys)
             self.metrics.leases.labels("released").inc()
 
+    def narrow(self, lease: Lease, n: int) -> Lease:
+        """Keep only the first ``n`` keys of ``lease`` pinned (a caller that will load fewer
+        pages than it looked up must not keep the rest from eviction). Returns the narrowed
+        lease (same id and expiry). Raises LeaseError for an expired or unknown lease."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(lease.keys):
+            raise InvalidArgument(f"n must be an int in [0, {len(lease.keys)}], got {n!r}")
+        with self._lock:
+            self._expire_leases()
+            held = self._leases.get(lease.id)
+            if held is None:
+                raise LeaseError(f"lease {lease.id} is unknown, released or expired")
+            narrowed = Lease(held.id, held.keys[:n], held.expires_at)
+            self._unpin(held.keys[n:])
+            self._leases[held.id] = narrowed
+            return narrowed
+
     def is_pinned(self, key: bytes) -> bool:
         with self._lock:
             self._expire_leases()

@@ -144,3 +144,9 @@ def test_chat_demo_reuses_earlier_turns() -> None:
         assert uncached.tokens_computed == uncached.prompt_tokens
         assert cached.tokens_computed * 2 < uncached.tokens_computed
     assert all(t.ttft_s > 0 for t in result.with_cache + result.without_cache)
+    # two conversations on a pool that holds one: later turns load their history from host
+    host = result.with_host
+    assert [t.conversation for t in host] == ["A", "B"] * 3
+    assert sum(t.tokens_from_host for t in host) > 0
+    for t in host:
+        assert t.tokens_computed + t.tokens_reused + t.tokens_from_host == t.prompt_tokens

@@ -347,3 +347,22 @@ def test_victim_leased_during_write_back_is_kept(layout: KVLayout, ns: Namespace
     assert lease is not None
     store.release(lease)
     store.check_integrity()
+
+
+def test_narrow_unpins_the_tail_of_a_lease(layout: KVLayout, ns: Namespace) -> None:
+    store = two_tier(layout, "write_back", top=4)
+    chain = ns.chain(list(range(4 * 4)))
+    store.put(chain.metas(), random_pages(layout, 4))
+    lease = store.lookup(chain.keys, lease=True).lease
+    assert lease is not None and all(store.is_pinned(k) for k in chain.keys)
+    narrowed = store.narrow(lease, 1)
+    assert narrowed.id == lease.id and narrowed.keys == tuple(chain.keys[:1])
+    assert [store.is_pinned(k) for k in chain.keys] == [True, False, False, False]
+    assert store.evict(4, tier="fast") == 3  # the unpinned tail can go now
+    with pytest.raises(InvalidArgument, match="n must be"):
+        store.narrow(narrowed, 2)
+    store.release(narrowed)
+    assert not store.is_pinned(chain.keys[0])
+    with pytest.raises(LeaseError):
+        store.narrow(narrowed, 0)
+    store.check_integrity()
