@@ -32,7 +32,7 @@ from tqdm import tqdm
 from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
 from connector.transfer import make_transfer
 from kvstore import KVLayout
-from kvstore.ops import copy_rows_native_active, copy_rows_reference, copy_spans
+from kvstore.ops import copy_rows, copy_rows_blocks, copy_rows_native_active, copy_rows_reference, copy_spans
 
 LLAMA3_8B = KVLayout(32, 8, 128, 16, "bfloat16")
 
@@ -104,6 +104,15 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.tensor(block_ids[:k]), torch.tensor(slots[:k])
         t_ref = _best(lambda: [copy_rows_reference(layers[lyr], slab.view(-1, L, S)[:, lyr], *ids)
                                for lyr in range(L)], sync, 2) * n / k
+        # thread blocks per launch: few fill PCIe; many would hold every SM (no overlap)
+        dst_i = torch.tensor(block_ids, dtype=torch.int64).pin_memory()
+        src_i = torch.tensor(slots, dtype=torch.int64).pin_memory()
+        slab_layers = [slab.view(-1, L, S)[:, lyr] for lyr in range(L)]
+        sweep = {}
+        for blocks in (8, 16, 32, 64, 132, n):
+            sweep[blocks] = _best(lambda: [copy_rows(layers[lyr], slab_layers[lyr], dst_i, src_i,
+                                                     max_blocks=blocks) for lyr in range(L)],
+                                  sync, rounds)
     else:
         a, b = np.empty(nbytes, np.uint8), slab.numpy().reshape(-1)[:nbytes].copy()
         t_h2d = t_d2h = _best(lambda: np.copyto(a, b), sync, rounds)
@@ -114,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     saver.shutdown()
     gbs = lambda t: nbytes / t / 1e9  # noqa: E731
     case = f"{'llama3-8b' if gpu else 'cpu'}/{n}-pages"
-    kernel = ("copy_rows kernel" if copy_rows_native_active() else "reference") if gpu else "memcpy per slice"
+    kernel = (f"copy_rows kernel, {copy_rows_blocks(device)} blocks" if copy_rows_native_active()
+              else "reference") if gpu else "memcpy per slice"
     lines = [
         measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
                     baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
@@ -122,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
     ]
     if t_ref is not None:
+        for blocks, t in sweep.items():
+            lines.append(measurement("transfer", case, f"load, kernel with {blocks} blocks",
+                                     "throughput", gbs(t), "GB/s",
+                                     baseline=f"{base_name} (host->cuda)", baseline_value=gbs(t_h2d)))
         lines.append(measurement("transfer", case, "load, one copy_ per slice", "throughput",
                                  gbs(t_ref), "GB/s", baseline=f"{base_name} (host->cuda)",
                                  baseline_value=gbs(t_h2d)))

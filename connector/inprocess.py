@@ -547,12 +547,7 @@ class InProcessWorker(KVConnectorWorker):
                             fut.result(timeout=max(0.0, deadline - time.monotonic()))
                         except FutureTimeout:
                             reason = "timeout"
-                for k in keys[:usable]:
-                    slot = host.slot_of(k)
-                    meta = host.meta(k) if slot is not None else None
-                    if slot is None or meta is None or meta.namespace_id != spec.namespace_id:
-                        break
-                    slots.append(slot)
+                slots = host.leading_slots(keys[:usable], spec.namespace_id)
                 good = len(slots)
                 if good < n and not reason:
                     reason = "miss"
@@ -564,10 +559,10 @@ class InProcessWorker(KVConnectorWorker):
                 job.layers[lyr].set()
             if job.ctx is not None:
                 xfer.finish_load(job.ctx)
-            for i in range(good):  # a page deleted or replaced during the copy
-                if host.slot_of(keys[i]) != slots[i]:
-                    good, reason = i, "changed"
-                    break
+            now = host.slots_of(keys[:good])  # a page deleted or replaced during the copy
+            changed = next((i for i in range(good) if now[i] != slots[i]), None)
+            if changed is not None:
+                good, reason = changed, "changed"
         except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
             good, reason = 0, "error"
             if job.ctx is not None:

@@ -41,7 +41,7 @@ import torch
 
 from kvstore.buffers import aligned_pages
 from kvstore.errors import InvalidArgument
-from kvstore.ops import Spans, copy_rows
+from kvstore.ops import Spans, copy_2d, copy_rows
 
 CopyFn = Callable[[Spans], None]
 
@@ -167,10 +167,17 @@ class CudaTransfer(LayerTransfer):
     the engine's stream by events (see the module docstring). ``slab``: the host tier's pinned
     slab as a ``(P, page_bytes)`` uint8 tensor.
 
-    Saves gather into a pinned staging pool of ``staging_pages`` pages, allocated once (page-
-    locking memory costs far more than copying it, so it is never done per save). A save that
-    finds the pool short stages the longest prefix of its blocks that fits and drops the rest
-    (a later cache miss, never a stall)."""
+    Loads: one scatter kernel per layer reads the host slab through UVA with a few thread blocks
+    (it overlaps the layers that compute meanwhile). Saves: per layer, a gather kernel collects
+    the layer of every saved block into GPU scratch (microseconds at HBM speed), then the copy
+    engines move it into the layer's slice of consecutive pinned staging pages with one 2-D DMA
+    -- no SMs are held while a save overlaps a heavy prefill.
+
+    Staging is a pinned pool of ``staging_pages`` pages allocated once (page-locking memory
+    costs far more than copying it, so it is never done per save); a save takes consecutive
+    pages (one run: one DMA per layer, one copy into the host tier). A save that finds no run
+    long enough stages the longest prefix of its blocks that fits and drops the rest (a later
+    cache miss, never a stall)."""
 
     def __init__(self, layers: list[torch.Tensor], slab: torch.Tensor, num_layers: int,
                  page_bytes: int, staging_pages: int) -> None:
@@ -191,7 +198,7 @@ class CudaTransfer(LayerTransfer):
         self._staging_pages = self._staging.numpy()
         self._staging_layers = [self._staging.view(-1, num_layers, S)[:, lyr]
                                 for lyr in range(num_layers)]
-        self._free_rows = list(range(staging_pages - 1, -1, -1))
+        self._free = np.ones(staging_pages, dtype=bool)
         self._rows_lock = threading.Lock()
 
     @staticmethod
@@ -221,16 +228,22 @@ class CudaTransfer(LayerTransfer):
 
     def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
         with self._rows_lock:
-            k = min(len(block_ids), len(self._free_rows))
-            rows = [self._free_rows.pop() for _ in range(k)]
+            start, k = _first_run(self._free, len(block_ids))
+            self._free[start:start + k] = False
         ids = tuple(block_ids[:k])
-        return SaveBuffer(ids, [self._staging_pages[r] for r in rows], rows,
-                          index=(self._pinned(ids), self._pinned(rows)))
+        scratch = None
+        if k:
+            with torch.cuda.stream(self._save_stream):  # allocated for the stream that uses it
+                scratch = torch.empty((k, self._page_bytes // self._L), dtype=torch.uint8,
+                                      device=self.device)
+        return SaveBuffer(ids, self._staging_pages[start:start + k], (start, k),
+                          index=(self._pinned(ids), self._pinned(range(k)), scratch))
 
     def release(self, buf: SaveBuffer) -> None:
+        start, k = buf.staging
         with self._rows_lock:
-            self._free_rows.extend(buf.staging)
-        buf.staging = []
+            self._free[start:start + k] = True
+        buf.staging, buf.index = (0, 0), None
 
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
         if not buf.block_ids:
@@ -238,9 +251,11 @@ class CudaTransfer(LayerTransfer):
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self.device))
         self._save_stream.wait_event(ready)
-        src_idx, dst_idx = buf.index
+        src_idx, dst_idx, scratch = buf.index
+        start, k = buf.staging
         with torch.cuda.stream(self._save_stream):
-            copy_rows(self._staging_layers[layer], self._layers[layer], dst_idx, src_idx)
+            copy_rows(scratch, self._layers[layer], dst_idx, src_idx, max_blocks=k)
+            copy_2d(self._staging_layers[layer][start:start + k], scratch)
 
     def mark_saved(self, buf: SaveBuffer) -> None:
         ev = torch.cuda.Event()
@@ -253,6 +268,21 @@ class CudaTransfer(LayerTransfer):
 
     def wait_for_save(self) -> None:
         torch.cuda.current_stream(self.device).wait_stream(self._save_stream)
+
+
+def _first_run(free: np.ndarray, n: int) -> tuple[int, int]:
+    """(start, length) of the first run of ``n`` free rows, else of the longest free run."""
+    if n == 0 or not free.any():
+        return 0, 0
+    padded = np.concatenate(([False], free, [False]))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    starts, ends = edges[::2], edges[1::2]
+    lengths = ends - starts
+    fit = np.flatnonzero(lengths >= n)
+    if len(fit):
+        return int(starts[fit[0]]), n
+    best = int(np.argmax(lengths))
+    return int(starts[best]), int(lengths[best])
 
 
 def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -93,26 +93,48 @@ def _resolve_rows() -> Callable[..., int] | None:
             lib = load("copy_rows")
             if lib is not None:
                 fn = lib.kv_copy_rows
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
                 fn.restype = ctypes.c_int
                 lib.kv_error_string.argtypes = [ctypes.c_int]
                 lib.kv_error_string.restype = ctypes.c_char_p
+                lib.kv_copy_2d.argtypes = [
+                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+                lib.kv_copy_2d.restype = ctypes.c_int
                 _rows_fn = fn
-                global _rows_err
+                global _rows_err, _copy_2d_fn
                 _rows_err = lib.kv_error_string
+                _copy_2d_fn = lib.kv_copy_2d
             _rows_resolved = True
     return _rows_fn
 
 
 _rows_err: Callable[[int], bytes] | None = None
+_copy_2d_fn: Callable[..., int] | None = None
 
 
 def _device_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" or t.is_pinned()
 
 
+def copy_rows_blocks(device: torch.device) -> int:
+    """Thread blocks one copy_rows launch uses on ``device``: ``KVSTORE_COPY_BLOCKS``, else a
+    quarter of its SMs (at least 8) -- enough to fill PCIe, few enough to leave the compute
+    kernels a copy overlaps with most of the GPU (see csrc/copy_rows.cu)."""
+    import os
+
+    import torch
+
+    env = os.environ.get("KVSTORE_COPY_BLOCKS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(8, sms // 4)
+
+
 def copy_rows(
-    dst: torch.Tensor, src: torch.Tensor, dst_idx: torch.Tensor, src_idx: torch.Tensor
+    dst: torch.Tensor, src: torch.Tensor, dst_idx: torch.Tensor, src_idx: torch.Tensor,
+    *, max_blocks: int | None = None,
 ) -> bool:
     """:func:`copy_rows_reference`, as one kernel launch (``csrc/copy_rows.cu``) on the current
     CUDA stream when one side is a GPU tensor, the other is on that GPU or in pinned host memory,
@@ -120,7 +142,8 @@ def copy_rows(
     a multiple of 16 bytes. Returns True when the kernel ran, False when the reference did.
 
     The copy is asynchronous on the GPU: the caller keeps ``dst``, ``src`` and both index
-    tensors alive (and unmodified) until the stream has passed it (record an event)."""
+    tensors alive (and unmodified) until the stream has passed it (record an event).
+    ``max_blocks``: thread blocks of the launch (default :func:`copy_rows_blocks`)."""
     if dst.dim() != 2 or src.dim() != 2 or dst.dtype != src.dtype or dst.shape[1] != src.shape[1]:
         raise ValueError(f"copy_rows needs 2-D tensors of equal row size, got {tuple(dst.shape)} "
                          f"and {tuple(src.shape)}")
@@ -144,13 +167,51 @@ def copy_rows(
     import torch
 
     stream = torch.cuda.current_stream(cuda.device).cuda_stream
+    blocks = max_blocks if max_blocks is not None else _blocks_for(cuda.device)
     rc = fn(dst.data_ptr(), src.data_ptr(), dst_idx.data_ptr(), src_idx.data_ptr(),
             len(dst_idx), dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size(),
-            nbytes, stream)
+            nbytes, blocks, stream)
     if rc:
         msg = _rows_err(rc).decode() if _rows_err is not None else str(rc)
         raise RuntimeError(f"copy_rows kernel launch failed: {msg}")
     return True
+
+
+def copy_2d(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """``dst[:] = src`` for two 2-D uint8 tensors of one shape whose rows are contiguous (any
+    row pitch), between a GPU and pinned host memory or within a GPU: one asynchronous
+    ``cudaMemcpy2DAsync`` on the current stream, run by the copy engines (no SMs). Falls back to
+    one ``copy_`` per row (returns False) where the native library is unavailable. The caller
+    keeps both alive until the stream has passed the copy."""
+    if dst.shape != src.shape or dst.dim() != 2 or dst.dtype != src.dtype:
+        raise ValueError(f"copy_2d needs 2-D tensors of one shape, got {tuple(dst.shape)} and "
+                         f"{tuple(src.shape)}")
+    cuda = dst if dst.device.type == "cuda" else src
+    fn = _copy_2d_fn if cuda.device.type == "cuda" and _resolve_rows() is not None else None
+    if fn is None or dst.stride(1) != 1 or src.stride(1) != 1 or not all(
+            map(_device_ok, (dst, src))):
+        for d, s in zip(dst, src):
+            d.copy_(s, non_blocking=True)
+        return False
+    import torch
+
+    es = dst.element_size()
+    rc = fn(dst.data_ptr(), dst.stride(0) * es, src.data_ptr(), src.stride(0) * es,
+            dst.shape[1] * es, dst.shape[0], torch.cuda.current_stream(cuda.device).cuda_stream)
+    if rc:
+        msg = _rows_err(rc).decode() if _rows_err is not None else str(rc)
+        raise RuntimeError(f"copy_2d failed: {msg}")
+    return True
+
+
+_blocks_cache: dict[Any, int] = {}
+
+
+def _blocks_for(device: torch.device) -> int:
+    b = _blocks_cache.get(device)
+    if b is None:
+        b = _blocks_cache[device] = copy_rows_blocks(device)
+    return b
 
 
 def copy_rows_native_active() -> bool:

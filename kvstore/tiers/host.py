@@ -81,6 +81,24 @@ class HostTier(SlotReads, Tier):
         with self._lock:
             return self._index.get(key)
 
+    def leading_slots(self, keys: Sequence[bytes], namespace_id: bytes) -> list[int]:
+        """The slots of the leading ``keys`` held here under ``namespace_id`` (up to the first
+        that is not), under one lock acquisition. Same contract as :meth:`slot_of`."""
+        out: list[int] = []
+        with self._lock:
+            for key in keys:
+                slot = self._index.get(key)
+                meta = None if slot is None else self._metas[slot]
+                if meta is None or meta.namespace_id != namespace_id:
+                    break
+                out.append(slot)  # type: ignore[arg-type]
+        return out
+
+    def slots_of(self, keys: Sequence[bytes]) -> list[int | None]:
+        """:meth:`slot_of` of every key, under one lock acquisition."""
+        with self._lock:
+            return [self._index.get(k) for k in keys]
+
     def slot_view(self, key: bytes) -> np.ndarray | None:
         """The slab row holding ``key`` (zero-copy), or None. For the daemon's shared-memory data
         path; the caller must hold a lease on ``key`` while it uses the view."""

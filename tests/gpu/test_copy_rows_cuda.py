@@ -31,8 +31,9 @@ def _idx(ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64).pin_memory()
 
 
+@pytest.mark.parametrize("blocks", [None, 1, 3, 1000])
 @pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
-def test_kernel_matches_reference(direction: str) -> None:
+def test_kernel_matches_reference(direction: str, blocks: int | None) -> None:
     src_dev, dst_dev = {"h2d": ("cpu", "cuda"), "d2h": ("cuda", "cpu"),
                         "d2d": ("cuda", "cuda")}[direction]
     src = _rand(64, src_dev, pinned=True)
@@ -43,7 +44,8 @@ def test_kernel_matches_reference(direction: str) -> None:
     src_ids = torch.randint(0, 64, (40,), generator=g).tolist()  # repeats allowed on the source
     for layer in range(L):
         sv = src.view(-1, L, S)[:, layer]
-        assert copy_rows(dst_a.view(-1, L, S)[:, layer], sv, _idx(dst_ids), _idx(src_ids))
+        assert copy_rows(dst_a.view(-1, L, S)[:, layer], sv, _idx(dst_ids), _idx(src_ids),
+                         max_blocks=blocks)
         copy_rows_reference(dst_b.view(-1, L, S)[:, layer], sv, _idx(dst_ids), _idx(src_ids))
     torch.cuda.synchronize()
     assert torch.equal(dst_a.cpu(), dst_b.cpu())
