@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     slots = torch.randperm(n + 64, generator=g)[:n].tolist()
     layers = [pool.view(-1, L, S)[:, lyr] for lyr in range(L)]
     saver = ThreadPoolExecutor(1)
-    xfer = make_transfer(layers, slab, L, P, copy_spans, saver)
+    xfer = make_transfer(layers, slab, L, P, copy_spans, saver, staging_pages=n)
     nbytes = n * P
 
     def load() -> None:
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:
         for lyr in range(L):
+            xfer.begin_save_layer(lyr)
             xfer.save_layer(buf, lyr)
         xfer.mark_saved(buf)
         xfer.wait_saved(buf)

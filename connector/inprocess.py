@@ -507,9 +507,18 @@ class InProcessWorker(KVConnectorWorker):
                 if spec.load_async:
                     self._inflight[spec.request_id] += 1
                     self._tracked.add(spec.request_id)
+            queued: tuple[list[int], int, str] | None = None
             if not spec.load_async:
                 self._step_loads.append(job)
-            threading.Thread(target=self._run_load, args=(job,), daemon=True,
+                if self._xfer.queue_on_caller:
+                    # GPU copies are asynchronous: queue them here, on the engine thread, before
+                    # its forward (a load thread would contend with it for the GIL while it
+                    # launches the layers' kernels); the thread only waits for them to land.
+                    try:
+                        queued = self._resolve_and_queue(job, may_wait=False)
+                    except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
+                        queued = ([], 0, "error")
+            threading.Thread(target=self._run_load, args=(job, queued), daemon=True,
                              name=f"kvconnector-load-{spec.request_id}").start()
 
     def wait_for_layer_load(self, layer: int) -> None:
@@ -523,40 +532,59 @@ class InProcessWorker(KVConnectorWorker):
             if job.ctx is not None:
                 xfer.wait_layer(job.ctx, layer)  # type: ignore[union-attr]
 
-    def _run_load(self, job: _LoadJob) -> None:
+    def _resolve_and_queue(self, job: _LoadJob, *, may_wait: bool) -> tuple[list[int], int, str]:
+        """Find the pages' host slots -- prefetching what is below host per the prefetch policy,
+        when ``may_wait`` -- and queue (or, on the CPU, run) every layer's copy, setting each
+        layer's Event. Returns (slots, how many blocks load, failure reason)."""
         spec, host, xfer = job.spec, self._host, self._xfer
         assert xfer is not None
         keys, n = list(spec.keys), len(spec.keys)
         good, reason = 0, ""
         slots: list[int] = []
-        try:
-            if spec.lease is not None and spec.lease.expires_at <= self._clock():
-                reason = "lease_expired"
-            else:
-                deadline = time.monotonic() + self.prefetch_timeout_s
-                first_missing = host.count_leading(keys)
-                usable = n
-                if first_missing < n:
-                    fut = self.store.prefetch(spec.namespace_id, keys[first_missing:], to=self._host_name)
-                    if self.prefetch_policy == "best_effort":
-                        usable, reason = first_missing, "not_prefetched"  # fut warms host
-                    elif self.prefetch_policy == "wait_complete":
-                        fut.result()
-                    else:
-                        try:
-                            fut.result(timeout=max(0.0, deadline - time.monotonic()))
-                        except FutureTimeout:
-                            reason = "timeout"
-                slots = host.leading_slots(keys[:usable], spec.namespace_id)
-                good = len(slots)
-                if good < n and not reason:
-                    reason = "miss"
+        if spec.lease is not None and spec.lease.expires_at <= self._clock():
+            reason = "lease_expired"
+        else:
+            deadline = time.monotonic() + self.prefetch_timeout_s
+            first_missing = host.count_leading(keys)
+            usable = n
+            if first_missing < n and not may_wait:
+                usable = first_missing  # gone from host since the lookup: a miss
+            elif first_missing < n:
+                fut = self.store.prefetch(spec.namespace_id, keys[first_missing:], to=self._host_name)
+                if self.prefetch_policy == "best_effort":
+                    usable, reason = first_missing, "not_prefetched"  # fut warms host
+                elif self.prefetch_policy == "wait_complete":
+                    fut.result()
+                else:
+                    try:
+                        fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                    except FutureTimeout:
+                        reason = "timeout"
+            slots = host.leading_slots(keys[:usable], spec.namespace_id)
+            good = len(slots)
+            if good < n and not reason:
+                reason = "miss"
+        if good:
+            job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], slots)
+        for lyr in range(self.layout.num_layers):
             if good:
-                job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], slots)
-            for lyr in range(self.layout.num_layers):
-                if good:
-                    xfer.load_layer(job.ctx, lyr)
-                job.layers[lyr].set()
+                xfer.load_layer(job.ctx, lyr)
+            job.layers[lyr].set()
+        return slots, good, reason
+
+    def _run_load(self, job: _LoadJob, queued: tuple[list[int], int, str] | None = None) -> None:
+        """The load thread: resolve and copy (unless ``queued`` already did), wait until the
+        copies landed, re-check the slots, release the lease, report."""
+        spec, host, xfer = job.spec, self._host, self._xfer
+        assert xfer is not None
+        keys = list(spec.keys)
+        good, reason = 0, ""
+        slots: list[int] = []
+        try:
+            if queued is None:
+                slots, good, reason = self._resolve_and_queue(job, may_wait=True)
+            else:
+                slots, good, reason = queued
             if job.ctx is not None:
                 xfer.finish_load(job.ctx)
             now = host.slots_of(keys[:good])  # a page deleted or replaced during the copy
@@ -599,6 +627,8 @@ class InProcessWorker(KVConnectorWorker):
             raise InvalidArgument(f"layer {layer} was already saved this step")
         L, xfer = self.layout.num_layers, self._xfer
         assert xfer is not None
+        if self._step_saves:
+            xfer.begin_save_layer(layer)
         for job in self._step_saves:
             job.layers_saved.add(layer)
             xfer.save_layer(job.buf, layer)

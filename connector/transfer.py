@@ -10,8 +10,10 @@ Both transfers have one shape, driven by :class:`~connector.inprocess.InProcessW
     load thread:   ctx = load_context(gate, block_ids, slots)
                    for l: load_layer(ctx, l) -> (worker sets its per-layer threading.Event)
                    finish_load(ctx)                 # the bytes are in the engine's blocks
+                   (with ``queue_on_caller`` -- CUDA -- the engine thread queues a host load's
+                   copies itself in start_load_kv; the load thread only runs finish_load)
     engine thread: wait_layer(ctx, l)               # after the Event: compute may read layer l
-    engine thread: save_layer(job_staging, block_ids, l) after attention wrote layer l
+    engine thread: begin_save_layer(l); save_layer(buf, l) per save, after attention wrote l
                    after the last layer: mark_saved(job) -> save thread: wait_saved(job); put
     engine thread: wait_for_save()                  # blocks may be overwritten after this
 
@@ -60,6 +62,10 @@ class SaveBuffer:
 class LayerTransfer(ABC):
     """Moves layer ``l`` of many pages between the engine's cache and the host slab."""
 
+    #: Copies are queued, not run, by load_layer: the engine thread queues a host load itself
+    #: (cheap, and no load thread contends for the GIL while the engine launches its kernels).
+    queue_on_caller: bool = False
+
     @abstractmethod
     def gate(self) -> Any:
         """Called on the engine thread in ``start_load_kv``: what a load must wait for before
@@ -85,6 +91,9 @@ class LayerTransfer(ABC):
 
     def release(self, buf: SaveBuffer) -> None:
         """Save thread, after the put (or when the save is abandoned): staging can be reused."""
+
+    def begin_save_layer(self, layer: int) -> None:
+        """Engine thread, once per layer before that layer's :meth:`save_layer` calls."""
 
     @abstractmethod
     def save_layer(self, buf: SaveBuffer, layer: int) -> None: ...
@@ -179,6 +188,8 @@ class CudaTransfer(LayerTransfer):
     long enough stages the longest prefix of its blocks that fits and drops the rest (a later
     cache miss, never a stall)."""
 
+    queue_on_caller = True
+
     def __init__(self, layers: list[torch.Tensor], slab: torch.Tensor, num_layers: int,
                  page_bytes: int, staging_pages: int) -> None:
         if not slab.is_pinned():
@@ -216,9 +227,9 @@ class CudaTransfer(LayerTransfer):
                          [torch.cuda.Event() for _ in range(self._L)])
 
     def load_layer(self, ctx: _CudaLoad, layer: int) -> None:
-        with torch.cuda.stream(self._load_stream):
-            copy_rows(self._layers[layer], self._slab_layers[layer], ctx.dst_idx, ctx.src_idx)
-            ctx.events[layer].record(self._load_stream)
+        copy_rows(self._layers[layer], self._slab_layers[layer], ctx.dst_idx, ctx.src_idx,
+                  stream=self._load_stream.cuda_stream)
+        ctx.events[layer].record(self._load_stream)
 
     def finish_load(self, ctx: _CudaLoad) -> None:
         ctx.events[-1].synchronize()  # one stream, in order: the last layer ends the load
@@ -245,17 +256,19 @@ class CudaTransfer(LayerTransfer):
             self._free[start:start + k] = True
         buf.staging, buf.index = (0, 0), None
 
+    def begin_save_layer(self, layer: int) -> None:
+        ready = torch.cuda.Event()  # the layer's attention has been queued: save after it
+        ready.record(torch.cuda.current_stream(self.device))
+        self._save_stream.wait_event(ready)
+
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
         if not buf.block_ids:
             return
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(self.device))
-        self._save_stream.wait_event(ready)
         src_idx, dst_idx, scratch = buf.index
         start, k = buf.staging
-        with torch.cuda.stream(self._save_stream):
-            copy_rows(scratch, self._layers[layer], dst_idx, src_idx, max_blocks=k)
-            copy_2d(self._staging_layers[layer][start:start + k], scratch)
+        handle = self._save_stream.cuda_stream
+        copy_rows(scratch, self._layers[layer], dst_idx, src_idx, max_blocks=k, stream=handle)
+        copy_2d(self._staging_layers[layer][start:start + k], scratch, stream=handle)
 
     def mark_saved(self, buf: SaveBuffer) -> None:
         ev = torch.cuda.Event()

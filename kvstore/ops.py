@@ -134,7 +134,7 @@ def copy_rows_blocks(device: torch.device) -> int:
 
 def copy_rows(
     dst: torch.Tensor, src: torch.Tensor, dst_idx: torch.Tensor, src_idx: torch.Tensor,
-    *, max_blocks: int | None = None,
+    *, max_blocks: int | None = None, stream: int | None = None,
 ) -> bool:
     """:func:`copy_rows_reference`, as one kernel launch (``csrc/copy_rows.cu``) on the current
     CUDA stream when one side is a GPU tensor, the other is on that GPU or in pinned host memory,
@@ -143,7 +143,9 @@ def copy_rows(
 
     The copy is asynchronous on the GPU: the caller keeps ``dst``, ``src`` and both index
     tensors alive (and unmodified) until the stream has passed it (record an event).
-    ``max_blocks``: thread blocks of the launch (default :func:`copy_rows_blocks`)."""
+    ``max_blocks``: thread blocks of the launch (default :func:`copy_rows_blocks`); ``stream``:
+    a raw ``cudaStream_t`` to launch on instead of the current stream (saves a lookup per call
+    on hot paths)."""
     if dst.dim() != 2 or src.dim() != 2 or dst.dtype != src.dtype or dst.shape[1] != src.shape[1]:
         raise ValueError(f"copy_rows needs 2-D tensors of equal row size, got {tuple(dst.shape)} "
                          f"and {tuple(src.shape)}")
@@ -166,7 +168,8 @@ def copy_rows(
         return False
     import torch
 
-    stream = torch.cuda.current_stream(cuda.device).cuda_stream
+    if stream is None:
+        stream = torch.cuda.current_stream(cuda.device).cuda_stream
     blocks = max_blocks if max_blocks is not None else _blocks_for(cuda.device)
     rc = fn(dst.data_ptr(), src.data_ptr(), dst_idx.data_ptr(), src_idx.data_ptr(),
             len(dst_idx), dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size(),
@@ -177,12 +180,12 @@ def copy_rows(
     return True
 
 
-def copy_2d(dst: torch.Tensor, src: torch.Tensor) -> bool:
+def copy_2d(dst: torch.Tensor, src: torch.Tensor, *, stream: int | None = None) -> bool:
     """``dst[:] = src`` for two 2-D uint8 tensors of one shape whose rows are contiguous (any
     row pitch), between a GPU and pinned host memory or within a GPU: one asynchronous
     ``cudaMemcpy2DAsync`` on the current stream, run by the copy engines (no SMs). Falls back to
     one ``copy_`` per row (returns False) where the native library is unavailable. The caller
-    keeps both alive until the stream has passed the copy."""
+    keeps both alive until the stream has passed the copy. ``stream``: as for :func:`copy_rows`."""
     if dst.shape != src.shape or dst.dim() != 2 or dst.dtype != src.dtype:
         raise ValueError(f"copy_2d needs 2-D tensors of one shape, got {tuple(dst.shape)} and "
                          f"{tuple(src.shape)}")
@@ -195,9 +198,11 @@ def copy_2d(dst: torch.Tensor, src: torch.Tensor) -> bool:
         return False
     import torch
 
+    if stream is None:
+        stream = torch.cuda.current_stream(cuda.device).cuda_stream
     es = dst.element_size()
     rc = fn(dst.data_ptr(), dst.stride(0) * es, src.data_ptr(), src.stride(0) * es,
-            dst.shape[1] * es, dst.shape[0], torch.cuda.current_stream(cuda.device).cuda_stream)
+            dst.shape[1] * es, dst.shape[0], stream)
     if rc:
         msg = _rows_err(rc).decode() if _rows_err is not None else str(rc)
         raise RuntimeError(f"copy_2d failed: {msg}")

@@ -318,3 +318,16 @@ def test_preemption_with_connector(model: LlamaForPagedLM) -> None:
     assert tokens(outs) == ref
     assert_clean(engine)
     close(engine)
+
+
+def test_loads_queued_on_the_engine_thread(model: LlamaForPagedLM,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU path queues a host load's copies on the engine thread (start_load_kv) and leaves
+    only the wait to the load thread; the same control flow over the CPU transfer gives the
+    same results, including a page deleted between lookup and load."""
+    from connector.transfer import CpuTransfer
+
+    monkeypatch.setattr(CpuTransfer, "queue_on_caller", True)
+    test_prefix_from_hbm_host_and_none_identical(model, None)
+    test_partial_and_mixed_hits(model)
+    test_host_page_deleted_after_admission_is_recomputed(model, 1)
