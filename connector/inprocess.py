@@ -425,6 +425,9 @@ class InProcessWorker(KVConnectorWorker):
         self._step_saves: list[_SaveJob] = []
         self._jobs: list[_LoadJob] = []  # loads not yet reported
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvconnector-save")
+        # threads for loads from host, kept (starting a thread per load costs the engine thread
+        # a GIL hand-off); loads from below host, which wait on prefetches, get their own
+        self._loader = ThreadPoolExecutor(8, thread_name_prefix="kvconnector-load")
         self._inflight: Counter[str] = Counter()  # saves + async loads per request
         self._tracked: set[str] = set()  # requests that had saves or async loads
         self._finishing: set[str] = set()
@@ -518,8 +521,11 @@ class InProcessWorker(KVConnectorWorker):
                         queued = self._resolve_and_queue(job, may_wait=False)
                     except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
                         queued = ([], 0, "error")
-            threading.Thread(target=self._run_load, args=(job, queued), daemon=True,
-                             name=f"kvconnector-load-{spec.request_id}").start()
+            if spec.load_async:  # may wait on a prefetch for long: a thread of its own
+                threading.Thread(target=self._run_load, args=(job, None), daemon=True,
+                                 name=f"kvconnector-load-{spec.request_id}").start()
+            else:
+                self._loader.submit(self._run_load, job, queued)
 
     def wait_for_layer_load(self, layer: int) -> None:
         self._check_layer(layer)
@@ -707,6 +713,7 @@ class InProcessWorker(KVConnectorWorker):
         """Wait for every load and save, then stop the save thread."""
         for job in list(self._jobs):
             job.done.wait()
+        self._loader.shutdown(wait=True)
         self._saver.shutdown(wait=True)
         if self._xfer is not None:
             self._xfer.close()

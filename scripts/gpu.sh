@@ -23,8 +23,10 @@ KVSTORE_NATIVE=1 python3 -c 'import torch; from kvstore.ops import copy_rows_nat
 python3 -m pytest -q -m gpu ${GPU_TESTS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
 BENCHES=${BENCHES:-"transfer|tiers --tier host|tiers --tier disk|lookup|ttft"}
 IFS='|' read -ra list <<< "$BENCHES"
+: > "$OUT/recorded.txt"
 for b in "${list[@]}"; do
     python3 -m bench.$b --json --record 2>>"$OUT/bench-stderr.txt" | tee -a "$OUT/bench.jsonl" || rc=1
 done
-cp bench/results/*-h200*.json "$OUT/" 2>/dev/null || true
+# only the results this call recorded (the device tool brings back a few files per call)
+find bench/results -name '*-h200.json' -newer "$OUT/recorded.txt" -exec cp {} "$OUT/" \;
 exit $rc

@@ -42,11 +42,11 @@ def test_kernel_matches_reference(direction: str, blocks: int | None) -> None:
     g = torch.Generator().manual_seed(3)
     dst_ids = torch.randperm(48, generator=g)[:40].tolist()
     src_ids = torch.randint(0, 64, (40,), generator=g).tolist()  # repeats allowed on the source
+    di, si = _idx(dst_ids), _idx(src_ids)  # alive until the kernels ran (the contract)
     for layer in range(L):
         sv = src.view(-1, L, S)[:, layer]
-        assert copy_rows(dst_a.view(-1, L, S)[:, layer], sv, _idx(dst_ids), _idx(src_ids),
-                         max_blocks=blocks)
-        copy_rows_reference(dst_b.view(-1, L, S)[:, layer], sv, _idx(dst_ids), _idx(src_ids))
+        assert copy_rows(dst_a.view(-1, L, S)[:, layer], sv, di, si, max_blocks=blocks)
+        copy_rows_reference(dst_b.view(-1, L, S)[:, layer], sv, di, si)
     torch.cuda.synchronize()
     assert torch.equal(dst_a.cpu(), dst_b.cpu())
     # rows not named in dst_ids are untouched
@@ -58,7 +58,8 @@ def test_kernel_matches_reference(direction: str, blocks: int | None) -> None:
 def test_unaligned_rows_fall_back_to_the_reference() -> None:
     src = torch.randint(0, 256, (8, 40), dtype=torch.uint8).pin_memory()  # 40 % 16 != 0
     dst = torch.zeros(8, 40, dtype=torch.uint8, device="cuda")
-    ran_kernel = copy_rows(dst, src, _idx([0, 1, 2]), _idx([7, 6, 5]))
+    di, si = _idx([0, 1, 2]), _idx([7, 6, 5])
+    ran_kernel = copy_rows(dst, src, di, si)
     torch.cuda.synchronize()
     assert not ran_kernel
     assert torch.equal(dst[:3].cpu(), src[[7, 6, 5]])
@@ -71,8 +72,9 @@ def test_ordering_with_the_consumer_stream() -> None:
     side = torch.cuda.Stream()
     ids = list(range(256))
     ev = torch.cuda.Event()
+    di, si = _idx(ids), _idx(ids[::-1])
     with torch.cuda.stream(side):
-        copy_rows(dst, src, _idx(ids), _idx(ids[::-1]))
+        copy_rows(dst, src, di, si)
         ev.record(side)
     torch.cuda.current_stream().wait_event(ev)
     got = dst.sum(dim=1, dtype=torch.int64).cpu()

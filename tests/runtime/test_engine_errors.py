@@ -59,6 +59,8 @@ def test_bad_sampling_params(kwargs: dict[str, object], match: str) -> None:
         ([1, 512], SamplingParams(), "outside"),
         ([1, -1], SamplingParams(), "outside"),
         ([1, True], SamplingParams(), "outside"),
+        ([1, 2.0], SamplingParams(), "outside"),
+        ([1, 2**70], SamplingParams(), "outside"),
         ("hello", SamplingParams(), "sequence of token ids"),
         ([1] * 250, SamplingParams(max_tokens=7), "max_position_embeddings"),
         ([1, 2], SamplingParams(stop_token_ids=[600]), "stop_token_ids"),
