@@ -21,12 +21,7 @@ blobs are written once before timing. Without ``url`` a private redis-server
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Generator
@@ -182,40 +177,13 @@ def _server(url: str | None) -> Generator[str, None, None]:
     if url:
         yield url
         return
-    exe = shutil.which("redis-server")
+    from bench.redis_server import find_redis_server, redis_server
+
+    exe = find_redis_server()
     if exe is None:
         raise SystemExit("bench.tiers redis: redis-server is not installed; pass a URL instead")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="kvbench-redis-")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--logfile", os.path.join(workdir, "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_ready(port, proc)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.kill()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError("redis-server exited at start")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError("redis-server did not start")
+    with redis_server(exe) as server_url:
+        yield server_url
 
 
 def main(argv: list[str] | None = None) -> None:
