@@ -1,7 +1,8 @@
 """Engine-facing connector API (scheduler side + worker side), shaped like vLLM's KV connector.
 
 ``connector.base`` holds the two interfaces and their typed metadata; ``connector.inprocess`` the
-implementation over a :class:`~kvstore.store.TieredStore` in the engine's process.
+implementation over a :class:`~kvstore.store.TieredStore` in the engine's process;
+``connector.transfer`` the CPU and CUDA copy paths; ``connector.build`` builds it from config.
 """
 
 from connector.base import (
@@ -15,6 +16,7 @@ from connector.base import (
     LoadSpec,
     SaveSpec,
 )
+from connector.build import build_connector
 from connector.inprocess import InProcessScheduler, InProcessWorker
 
 __all__ = [
@@ -29,4 +31,5 @@ __all__ = [
     "LoadMatch",
     "LoadSpec",
     "SaveSpec",
+    "build_connector",
 ]

@@ -5,7 +5,8 @@ ctypes (ctypes calls release the GIL). No compiler, a failed build, or ``KVSTORE
 caller gets None and uses the pure reference. ``KVSTORE_NATIVE=1`` makes a failed build an error.
 
 CUDA ops: ``NVCC`` (or ``CUDA_HOME/bin/nvcc``, else ``nvcc`` on the PATH) builds them;
-``KVSTORE_CUDA_ARCH`` (default ``native``: the GPUs present) is passed as ``-arch``. The CUDA
+``KVSTORE_CUDA_ARCH`` (default ``native``: the GPUs present) is passed as ``-arch``;
+``KVSTORE_COPY_BLOCKS`` overrides the thread blocks of a copy_rows launch. The CUDA
 runtime is linked statically and shares the driver's primary context with PyTorch, so streams
 from ``torch.cuda`` are valid launch streams.
 """
@@ -34,6 +35,12 @@ def native_mode() -> str:
     """'auto' (default), '0' (never) or '1' (always: a failed build raises)."""
     mode = os.environ.get("KVSTORE_NATIVE", "auto").strip().lower()
     return mode if mode in ("auto", "0", "1") else "auto"
+
+
+def copy_blocks_override() -> int | None:
+    """``KVSTORE_COPY_BLOCKS``: thread blocks per copy_rows launch (tuning; None = the default)."""
+    env = os.environ.get("KVSTORE_COPY_BLOCKS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else None
 
 
 def _cache_dir() -> Path:

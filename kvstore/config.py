@@ -5,6 +5,7 @@ Environment overrides use ``__`` for nesting and JSON for lists, e.g.::
     KVSTORE_MODEL_ID=meta-llama/Llama-3.1-8B
     KVSTORE_LAYOUT__BLOCK_SIZE=32
     KVSTORE_STORE__WRITE_POLICY=write_through
+    KVSTORE_CONNECTOR__PREFETCH_POLICY=wait_complete
     KVSTORE_TIERS='[{"kind": "host", "capacity": "8GiB", "policy": "s3fifo"}]'
 
 Environment beats file beats defaults. Any bad value raises :class:`ConfigError` whose message
@@ -235,6 +236,17 @@ class StoreConfig(_Strict):
     prefetch_workers: int = Field(2, ge=1, le=64)
 
 
+class ConnectorConfig(_Strict):
+    """How an engine's KV connector uses the store (``connector.build.build_connector``)."""
+
+    host_tier: str | None = Field(
+        None, description="the host tier loads stage through; default: the first host tier")
+    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
+    prefetch_timeout_s: PositiveFloat = 5.0
+    layerwise: bool = True
+    staging: ByteSize = Field(ByteSize(4 << 30), description="pinned save staging (GPU caches)")
+
+
 class KVStoreConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -245,6 +257,7 @@ class KVStoreConfig(BaseSettings):
     layout: LayoutConfig = LayoutConfig()
     store: StoreConfig = StoreConfig()
     tiers: list[TierConfig] = Field(default_factory=lambda: [_default_tier()], min_length=1)
+    connector: ConnectorConfig = ConnectorConfig()
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:
@@ -258,6 +271,19 @@ class KVStoreConfig(BaseSettings):
                     f"tiers.{i}.capacity: {t.capacity.human_readable()} holds no page of "
                     f"{ByteSize(page).human_readable()} for this layout"
                 )
+        conn = self.connector
+        if conn.host_tier is not None:
+            kinds = {t.name: t.kind for t in self.tiers}
+            if kinds.get(conn.host_tier) != "host":
+                raise ValueError(
+                    f"connector.host_tier: {conn.host_tier!r} is not a host tier of this store "
+                    f"(host tiers: {[n for n, k in kinds.items() if k == 'host']})"
+                )
+        if conn.staging < page:
+            raise ValueError(
+                f"connector.staging: {conn.staging.human_readable()} holds no page of "
+                f"{ByteSize(page).human_readable()}"
+            )
         return self
 
     @classmethod

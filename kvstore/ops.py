@@ -121,13 +121,13 @@ def copy_rows_blocks(device: torch.device) -> int:
     """Thread blocks one copy_rows launch uses on ``device``: ``KVSTORE_COPY_BLOCKS``, else a
     quarter of its SMs (at least 8) -- enough to fill PCIe, few enough to leave the compute
     kernels a copy overlaps with most of the GPU (see csrc/copy_rows.cu)."""
-    import os
-
     import torch
 
-    env = os.environ.get("KVSTORE_COPY_BLOCKS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
+    from csrc.loader import copy_blocks_override
+
+    override = copy_blocks_override()
+    if override is not None:
+        return override
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(8, sms // 4)
 

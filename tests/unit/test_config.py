@@ -87,6 +87,10 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ('[store]\nlease_ttl_s = -1', "store.lease_ttl_s", "greater than 0"),
         ('bogus = 1', "bogus", "Extra inputs"),
         ('tiers = []', "tiers", "at least 1"),
+        ('[connector]\nprefetch_policy = "sometimes"', "connector.prefetch_policy", "wait_complete"),
+        ('[connector]\nprefetch_timeout_s = 0', "connector.prefetch_timeout_s", "greater than 0"),
+        ('[connector]\nhost_tier = "nvme"', "connector.host_tier", "not a host tier"),
+        ('[connector]\nstaging = "1KiB"', "connector.staging", "holds no page"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path: Path, text: str, field: str, allowed: str) -> None:
