@@ -8,7 +8,8 @@ scattered over a page-first pool on the GPU and the host tier's pinned slab in s
 
 * **load** -- host slab -> GPU pool: one scatter kernel per layer (``csrc/copy_rows.cu``) on the
   connector's load stream, what a host hit does;
-* **save** -- GPU pool -> pinned staging: one gather kernel per layer on the save stream;
+* **save** -- GPU pool -> pinned staging, per layer on the save stream: a gather kernel into GPU
+  scratch, then one 2-D copy by the DMA engines into the layer's slice of the staging pages;
 * **per-slice copies** -- the same load as one ``copy_`` per (page, layer) slice (the torch
   reference, what an engine without a gather kernel does), on a slice of the pages;
 * **baseline** -- one contiguous pinned ``copy_`` of the same bytes in the same direction: the
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
                     baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
-        measurement("transfer", case, f"save ({kernel})", "throughput", gbs(t_save), "GB/s",
+        measurement("transfer", case, f"save ({'gather + 2-D DMA' if gpu else kernel})",
+                    "throughput", gbs(t_save), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
     ]
     if t_ref is not None:
