@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator
 
-from kvstore.policy.base import EvictionPolicy, IsPinned, Key, never_pinned
+from kvstore.policy.base import IsPinned, Key, never_pinned
+from kvstore.policy.leaf_tree import LeafTreePolicy, TreeNode
 
 _PROBATION, _PROTECTED = 0, 1
 
 
-class _Node:
-    __slots__ = ("parent", "children", "tick", "seg")
+class _Node(TreeNode):
+    __slots__ = ("seg",)
 
     def __init__(self, parent: Key | None, tick: int, seg: int) -> None:
-        self.parent = parent  # a tracked key, or None for a root
-        self.children: set[Key] | None = None  # tracked children; None when there are none
-        self.tick = tick  # time of the last insert/access (unique)
+        super().__init__(parent, tick)
         self.seg = seg  # _PROBATION or _PROTECTED
 
 
-class LineageARCPolicy(EvictionPolicy):
+class LineageARCPolicy(LeafTreePolicy):
     """Leaf-first eviction (as ``lineage``) over two segments whose split adapts as ARC's does.
 
     Why: a prefix lookup stops at the first missing block, so chains are evicted from their ends
@@ -30,9 +28,8 @@ class LineageARCPolicy(EvictionPolicy):
     conversation, which the next turn will reuse exactly when it reuses the rest, as a one-hit
     wonder. So a block that *extends a reused chain* starts protected.
 
-    The tree is ``lineage``'s: ``insert(key, parent)`` makes ``key`` a child of ``parent`` if
-    ``parent`` is tracked then, else a root; a removed or evicted key's children become roots. A
-    *leaf* is a tracked key without tracked children. Every tracked key is in one segment,
+    The tree is ``lineage``'s (:mod:`kvstore.policy.leaf_tree`): a parent must be tracked when
+    its child is inserted; a dropped key's children become roots. Every tracked key is in one segment,
     *probation* or *protected*, and has a last-use time. Ghost lists ``B1``/``B2`` remember the keys
     last evicted from probation/protected (keys only, each at most ``capacity``, oldest forgotten
     first). ``p`` (0 <= p <= capacity, starts at 0) is the target size of probation.
@@ -72,15 +69,12 @@ class LineageARCPolicy(EvictionPolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.p = 0.0
-        self._nodes: dict[Key, _Node] = {}
-        self._lru: OrderedDict[Key, None] = OrderedDict()  # every tracked key, oldest first
         # Per segment, (tick, key) of leaves; an entry is live iff its key is tracked, is a leaf,
         # is in that segment and has that tick. Ticks are unique, so keys are never compared.
         self._heaps: tuple[list[tuple[int, Key]], list[tuple[int, Key]]] = ([], [])
         self._ghosts: tuple[OrderedDict[Key, None], OrderedDict[Key, None]] = (
             OrderedDict(), OrderedDict())  # B1 (from probation), B2 (from protected)
         self._probation = 0  # tracked keys on probation
-        self._clock = 0
 
     # -- contract --------------------------------------------------------------------------
     def insert(self, key: Key, parent: Key | None = None) -> None:
@@ -88,7 +82,7 @@ class LineageARCPolicy(EvictionPolicy):
             self.access(key)
             return
         b1, b2 = self._ghosts
-        parent_node = None if parent is None else self._nodes.get(parent)
+        parent_node = self._tracked_parent(parent)
         if key in b1:
             self.p = min(float(self.capacity), self.p + max(len(b2) / len(b1), 1.0))
             del b1[key]
@@ -97,42 +91,30 @@ class LineageARCPolicy(EvictionPolicy):
             self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
             del b2[key]
             seg = _PROTECTED
-        elif (parent_node is not None and parent_node.seg == _PROTECTED
+        elif (isinstance(parent_node, _Node) and parent_node.seg == _PROTECTED
               and parent_node.children is None):
             seg = _PROTECTED
         else:
             seg = _PROBATION
-        self._clock += 1
-        node = _Node(parent if parent_node is not None else None, self._clock, seg)
-        if parent_node is not None:
-            if parent_node.children is None:
-                parent_node.children = {key}
-            else:
-                parent_node.children.add(key)
-        self._nodes[key] = node
-        self._lru[key] = None
+        tick = self._tick()
+        self._link(key, _Node(parent if parent_node is not None else None, tick, seg), parent_node)
         if seg == _PROBATION:
             self._probation += 1
-        heapq.heappush(self._heaps[seg], (self._clock, key))
+        heapq.heappush(self._heaps[seg], (tick, key))
         self._maybe_compact()
 
     def access(self, key: Key) -> None:
         node = self._nodes.get(key)
         if node is None:
             return
-        self._clock += 1
-        node.tick = self._clock
+        assert isinstance(node, _Node)
+        self._touch(key, node)
         if node.seg == _PROBATION:
             node.seg = _PROTECTED
             self._probation -= 1
-        self._lru.move_to_end(key)
         if node.children is None:
-            heapq.heappush(self._heaps[_PROTECTED], (self._clock, key))
+            heapq.heappush(self._heaps[_PROTECTED], (node.tick, key))
             self._maybe_compact()
-
-    def remove(self, key: Key) -> None:
-        if key in self._nodes:
-            self._drop(key)
 
     def evict(self, n: int, is_pinned: IsPinned = never_pinned) -> list[Key]:
         victims: list[Key] = []
@@ -144,10 +126,10 @@ class LineageARCPolicy(EvictionPolicy):
                 if victim is None:
                     victim = self._pop_leaf(1 - first, is_pinned, held)
                 if victim is None:  # rule 2: every leaf is pinned
-                    victim = next((k for k in self._lru if not is_pinned(k)), None)
+                    victim = self._oldest_unpinned(is_pinned)
                     if victim is None:
                         break  # everything is pinned
-                ghost = self._ghosts[self._nodes[victim].seg]
+                ghost = self._ghosts[self._seg(victim)]
                 ghost[victim] = None
                 if len(ghost) > self.capacity:
                     ghost.popitem(last=False)
@@ -158,28 +140,16 @@ class LineageARCPolicy(EvictionPolicy):
                 heapq.heappush(self._heaps[seg], entry)
         return victims
 
-    def parent(self, key: Key) -> Key | None:
-        """The tracked parent of a tracked key (None for a root); for tests and debugging."""
-        return self._nodes[key].parent
-
-    def is_leaf(self, key: Key) -> bool:
-        """Whether a tracked key has no tracked children; for tests and debugging."""
-        return self._nodes[key].children is None
-
     def is_protected(self, key: Key) -> bool:
         """Whether a tracked key is in the protected segment; for tests and debugging."""
-        return self._nodes[key].seg == _PROTECTED
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._nodes
-
-    def __len__(self) -> int:
-        return len(self._nodes)
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._nodes)
+        return self._seg(key) == _PROTECTED
 
     # -- internals -------------------------------------------------------------------------
+    def _seg(self, key: Key) -> int:
+        node = self._nodes[key]
+        assert isinstance(node, _Node)
+        return node.seg
+
     def _pop_leaf(self, seg: int, is_pinned: IsPinned,
                   held: list[tuple[int, tuple[int, Key]]]) -> Key | None:
         heap = self._heaps[seg]
@@ -188,7 +158,8 @@ class LineageARCPolicy(EvictionPolicy):
             entry = heapq.heappop(heap)
             tick, key = entry
             node = nodes.get(key)
-            if node is None or node.children is not None or node.tick != tick or node.seg != seg:
+            if (not isinstance(node, _Node) or node.children is not None or node.tick != tick
+                    or node.seg != seg):
                 continue  # stale
             if is_pinned(key):
                 held.append((seg, entry))
@@ -204,25 +175,17 @@ class LineageARCPolicy(EvictionPolicy):
         heaps: tuple[list[tuple[int, Key]], list[tuple[int, Key]]] = ([], [])
         for key, node in self._nodes.items():
             if node.children is None:
+                assert isinstance(node, _Node)
                 heaps[node.seg].append((node.tick, key))
         for old, new in zip(self._heaps, heaps):
             heapq.heapify(new)
             old[:] = new
 
     def _drop(self, key: Key) -> None:
-        """Stop tracking ``key``: its children become roots, its parent may become a leaf."""
-        node = self._nodes.pop(key)
-        del self._lru[key]
-        if node.seg == _PROBATION:
+        if self._seg(key) == _PROBATION:
             self._probation -= 1
-        if node.children is not None:
-            for child in node.children:
-                self._nodes[child].parent = None
-        if node.parent is not None:
-            parent_node = self._nodes[node.parent]
-            siblings = parent_node.children
-            assert siblings is not None and key in siblings
-            siblings.discard(key)
-            if not siblings:
-                parent_node.children = None
-                heapq.heappush(self._heaps[parent_node.seg], (parent_node.tick, node.parent))
+        self._unlink(key)
+
+    def _became_leaf(self, key: Key, node: TreeNode) -> None:
+        assert isinstance(node, _Node)
+        heapq.heappush(self._heaps[node.seg], (node.tick, key))
