@@ -14,6 +14,7 @@ from runtime import LlamaForPagedLM, get_model_config
 from tests.runtime.test_engine_connector import (  # noqa: F401 - collected here on CUDA
     test_concurrent_requests_sharing_a_host_prefix,
     test_delayed_free_waits_for_saves,
+    test_disk_page_corrupted_after_lookup_is_recomputed,
     test_host_page_deleted_after_admission_is_recomputed,
     test_partial_and_mixed_hits,
     test_preemption_with_connector,

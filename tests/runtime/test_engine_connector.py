@@ -14,6 +14,7 @@ from connector import InProcessScheduler, InProcessWorker
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
 from kvstore.store import TieredStore
+from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm import HBMTier
 from kvstore.tiers.host import HostTier
 from runtime import LlamaForPagedLM, get_model_config
@@ -331,3 +332,85 @@ def test_loads_queued_on_the_engine_thread(model: LlamaForPagedLM,
     test_prefix_from_hbm_host_and_none_identical(model, None)
     test_partial_and_mixed_hits(model)
     test_host_page_deleted_after_admission_is_recomputed(model, 1)
+
+
+def _engine_over(model: LlamaForPagedLM, lower: Tier) -> tuple[Engine, TieredStore, HostTier]:
+    """hbm (32 blocks) over host (16 pages) over ``lower``, write-back, with the connector."""
+    layout = model.config.kv_layout(BS)
+    pool = HBMTier("hbm", layout, 32, lower.metrics, device=device_of(model))
+    host = HostTier("host", layout, 16, lower.metrics)
+    store = TieredStore(layout, [pool, host, lower], write_policy="write_back")  # type: ignore[arg-type]
+    ns = Namespace("test/tiny/7", layout)
+    engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
+                                                InProcessWorker(store, prefetch_policy="wait_complete")))
+    engine.store = store
+    return engine, store, host
+
+
+def _only_below_host(engine: Engine, store: TieredStore, host: HostTier, lower: Tier,
+                     keys: list[bytes]) -> None:
+    clear_hbm(engine)
+    store.evict(host.capacity_pages, tier="host")  # write-back: host -> the lower tier
+    assert not any(host.contains(keys)) and all(lower.contains(keys))
+
+
+def test_prefix_from_redis_loads_through_host(model: LlamaForPagedLM, redis_server) -> None:  # type: ignore[no-untyped-def]
+    from kvstore.tiers.redis import RedisTier
+
+    layout = model.config.kv_layout(BS)
+    redis = RedisTier("redis", layout, 64, Metrics(), url=redis_server.url)
+    engine, store, host = _engine_over(model, redis)
+    rng = random.Random(11)
+    p = prompt(rng, 53)
+    q = p[:32] + prompt(rng, 9)  # shares 2 of p's 3 full blocks
+    ref = reference(model, [p, q])
+    assert tokens(engine.generate([p], GREEDY)) == [ref[0]]
+    _only_below_host(engine, store, host, redis, engine.namespace.chain(p).keys[:3])
+    outs = engine.generate([p, q], GREEDY)  # concurrent, sharing a prefix served from Redis
+    assert tokens(outs) == ref
+    assert outs[0].metrics.num_tokens_reused["redis"] == 48
+    assert sum(o.metrics.num_tokens_load_failed for o in outs) == 0
+    assert_clean(engine)
+    engine.close()
+    store.close()
+
+
+def test_disk_page_corrupted_after_lookup_is_recomputed(model: LlamaForPagedLM, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A disk record whose bytes change between the lookup and the load fails its checksum on
+    the prefetch: that block and the ones after it are recomputed (counted), output unchanged."""
+    from kvstore.tiers.disk import DiskTier
+
+    layout = model.config.kv_layout(BS)
+    disk = DiskTier("disk", layout, 32, Metrics(), path=tmp_path / "disk", o_direct=False,
+                    fsync=False, check_index=False)
+    engine, store, host = _engine_over(model, disk)
+    p = prompt(random.Random(12), 53)
+    (ref,) = reference(model, [p])
+    assert tokens(engine.generate([p], GREEDY)) == [ref]
+    keys = engine.namespace.chain(p).keys[:3]
+    _only_below_host(engine, store, host, disk, keys)
+    assert engine.connector is not None
+    csched = engine.connector.scheduler
+    original = csched.update_state_after_alloc
+
+    def corrupt_after_lookup(rid: str, block_ids: list[int], n: int) -> None:
+        original(rid, block_ids, n)
+        slot = disk.slot_of(keys[1])
+        assert slot is not None
+        with open(tmp_path / "disk" / "slots.dat", "r+b") as f:  # flip one payload byte
+            off = slot * disk.slot_bytes + disk._slab.hdr_region + 100
+            f.seek(off)
+            byte = f.read(1)
+            f.seek(off)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    csched.update_state_after_alloc = corrupt_after_lookup  # type: ignore[method-assign,assignment]
+    (o,) = engine.generate([p], GREEDY)
+    assert o.output_token_ids == ref
+    assert o.metrics.num_tokens_reused["disk"] == 16  # block 0 loaded; 1 and 2 recomputed
+    assert o.metrics.num_tokens_load_failed == 32
+    assert disk.stats().corrupt == 1
+    assert engine.connector.worker.stats().load_failures == {"miss": 2}  # type: ignore[attr-defined]
+    assert_clean(engine)
+    engine.close()
+    store.close()
