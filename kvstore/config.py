@@ -95,7 +95,9 @@ class HBMTierConfig(_Strict):
     kind: Literal["hbm"] = "hbm"
     name: str = "hbm"
     capacity: ByteSize = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
-    policy: str = "lru"
+    # Leaf-first: a hit touches a chain head to tail, so LRU would evict heads first and leave
+    # tails an engine can only recompute (its prefix stops at the first missing block).
+    policy: str = "lineage"
     device: str | None = Field(None, description="torch device; default cuda if present, else cpu")
 
     _v_policy = field_validator("policy")(_check_policy)

@@ -132,7 +132,7 @@ def _run_with_host(model: LlamaForPagedLM, tok: ByteTokenizer, layout: KVLayout,
     m = Metrics()
     pool = HBMTier("hbm", layout, blocks, m, device="cpu")
     host = HostTier("host", layout, 4 * blocks, m)
-    store = TieredStore(layout, [pool, host])
+    store = TieredStore(layout, [pool, host], ["lineage", "lru"])  # see Engine.from_config
     ns = Namespace(f"demo/{config_name}/{seed}", layout)
     engine = Engine(model, pool, ns, connector=(
         InProcessScheduler(store, ns, num_blocks=blocks), InProcessWorker(store)))

@@ -177,7 +177,12 @@ class Engine:
         layout = cfg.kv_layout(block_size)
         metrics = lower_tiers[0].metrics if lower_tiers else Metrics()
         pool = HBMTier("hbm", layout, num_blocks, metrics, device=device)
-        store = TieredStore(layout, [pool, *lower_tiers], write_policy=write_policy)  # type: ignore[arg-type]
+        # The pool evicts leaf-first ("lineage"): a hit touches a chain head to tail, so LRU would
+        # evict heads first, and the blocks left behind them can only be recomputed (the hbm
+        # prefix and the connector's match both stop at the first missing block).
+        policies = ["lineage", *["lru"] * len(lower_tiers)]
+        store = TieredStore(layout, [pool, *lower_tiers], policies,
+                            write_policy=write_policy)  # type: ignore[arg-type]
         namespace = Namespace(f"random/{config_name}/{seed}", layout)
         host = next((t for t in lower_tiers if isinstance(t, HostTier)), None)
         if host is not None and "connector" not in engine_kwargs:
