@@ -176,6 +176,11 @@ def machine_slug() -> str:
 
 
 def git_commit() -> str | None:
+    """HEAD, or ``KVSTORE_GIT_COMMIT`` where the checkout's history is not the tree's (the GPU
+    machine runs a copy of the working tree: scripts/gpu.sh passes the commit along)."""
+    pinned = os.environ.get("KVSTORE_GIT_COMMIT", "").strip()
+    if pinned:
+        return pinned
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],

@@ -15,6 +15,9 @@ else
     export PYTHONPATH="$PWD"
 fi
 export PYTHONUNBUFFERED=1
+# the commit the results come from: `git rev-parse HEAD > .commit` here, then carry .commit
+# (ignored, like .whl) -- the machine's copy of the tree does not carry its history
+[ -f .commit ] && export KVSTORE_GIT_COMMIT="$(cat .commit)"
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/gpu.txt"
 rc=0
