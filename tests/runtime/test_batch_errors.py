@@ -43,12 +43,29 @@ def pool(model: LlamaForPagedLM) -> torch.Tensor:
     ([SeqInput([1], [0, 8])], "block id 8 is outside [0, 8)"),
     ([SeqInput([1], [0, 0])], "repeats a block"),
     ([SeqInput([1, 2], [3]), SeqInput([5], [3], num_cached_tokens=1)], "written twice"),
+    # long sequences take the bulk (numpy) paths: same checks, same messages
+    ([SeqInput([1] * 100 + [512], list(range(7)))], "token id 512 is outside [0, 512)"),
+    ([SeqInput([1] * 100 + [True], list(range(7)))], "token id True"),
+
     ([SeqInput([1], [0], logits="first")], "logits must be"),  # type: ignore[arg-type]
 ])
 def test_build_batch_rejects(model: LlamaForPagedLM, seqs: list[SeqInput], fragment: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         build_batch(seqs, model.config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
     assert fragment in str(info.value) and info.value.hint
+
+
+@pytest.mark.parametrize("seqs, fragment", [
+    ([SeqInput([1] * 100, [*range(99), 2**70])], "block id 1180591620717411303424 is outside"),
+    ([SeqInput([1] * 100, [*range(98), 5, 99])], "repeats a block"),
+    ([SeqInput([1] * 70, list(range(18))), SeqInput([2] * 70, [*range(20, 24), 17, *range(30, 43)])],
+     "sequence 1: slot (block 17, offset 0) is written twice"),
+])
+def test_long_sequences_take_the_bulk_checks(model: LlamaForPagedLM, seqs: list[SeqInput],
+                                             fragment: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        build_batch(seqs, model.config, block_size=BLOCK, num_blocks=128)
+    assert fragment in str(info.value)
 
 
 def test_sequence_longer_than_max_positions(model: LlamaForPagedLM) -> None:
