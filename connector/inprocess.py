@@ -69,11 +69,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from weakref import WeakKeyDictionary
 
 import torch
-from prometheus_client import CollectorRegistry
-from prometheus_client import Counter as PromCounter
 
 from connector.base import (
     ConnectorMetadata,
@@ -96,24 +93,6 @@ from kvstore.tiers.host import HostTier
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
 PREFETCH_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
-
-# One decisions counter per registry (several schedulers may share a store's registry).
-_DECISIONS: WeakKeyDictionary[CollectorRegistry, PromCounter] = WeakKeyDictionary()
-_DECISIONS_LOCK = threading.Lock()
-
-
-def _decisions_counter(registry: CollectorRegistry) -> PromCounter:
-    with _DECISIONS_LOCK:
-        c = _DECISIONS.get(registry)
-        if c is None:
-            c = PromCounter(
-                "kvstore_connector_decisions",
-                "Matched blocks below the host tier, by load-or-recompute decision.",
-                ["decision"], registry=registry,
-            )
-            _DECISIONS[registry] = c
-        return c
-
 
 def _host_index(store: TieredStore, host_tier: str) -> int:
     tier = store.tier(host_tier)  # raises InvalidArgument naming the store's tiers
@@ -176,7 +155,11 @@ class InProcessScheduler(KVConnectorScheduler):
         self.block_size = store.layout.block_size
         self.recompute_tokens_per_s = recompute_tokens_per_s  # validated by the setter
         self.decisions: Counter[str] = Counter()  # matched blocks below host: load / recompute
-        self._m_decisions = _decisions_counter(store.metrics.registry)
+        self._m_decisions = store.metrics.counter(
+            "kvstore_connector_decisions",
+            "Matched blocks below the host tier, by load-or-recompute decision.",
+            ["decision"],
+        )
         self._host = _host_index(store, host_tier)
         self._rank = {t.name: i for i, t in enumerate(store.tiers)}
         self._matches: dict[str, _Match] = {}

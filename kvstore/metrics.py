@@ -6,6 +6,8 @@ in tests and benchmarks, never share or clash. Hot paths increment pre-bound lab
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,6 +19,8 @@ _BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._extra: dict[str, Counter] = {}
+        self._extra_lock = threading.Lock()
         r = self.registry
         self.pages = Counter(
             "kvstore_tier_pages", "Pages by tier, operation and result.", ["tier", "op", "result"],
@@ -60,6 +64,16 @@ class Metrics:
         self.leases = Counter(
             "kvstore_leases", "Leases by outcome.", ["outcome"], registry=r
         )
+
+    def counter(self, name: str, documentation: str, labelnames: Sequence[str]) -> Counter:
+        """A counter of a component that not every store has (a disk tier's bounce copies, a
+        connector's decisions), registered on this registry on first use and shared after."""
+        with self._extra_lock:
+            c = self._extra.get(name)
+            if c is None:
+                c = self._extra[name] = Counter(name, documentation, list(labelnames),
+                                                registry=self.registry)
+            return c
 
     def value(self, name: str, **labels: str) -> float:
         """Current value of one sample (``name`` as exposed, e.g. ``kvstore_tier_pages_total``)."""

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prometheus_client import Counter
 
 from kvstore.errors import RecordError
 from kvstore.keys import BlockMeta
@@ -83,7 +81,12 @@ class Slab:
             "header_region": self.hdr_region,
             "slot_bytes": self.slot_bytes,
         }
-        counter = _bounce_counter(metrics)
+        counter = metrics.counter(
+            "kvstore_disk_bounce_pages",
+            "Disk-tier pages copied through an aligned bounce buffer because the caller's "
+            "buffer was not 4096-aligned, by tier and operation.",
+            ["tier", "op"],
+        )
         self._bounce_w = counter.labels(tier_name, "write")
         self._bounce_r = counter.labels(tier_name, "read")
         self._tls = threading.local()
@@ -264,26 +267,6 @@ class _Scratch:
         if self._bounce is None:
             self._bounce = aligned_empty(self.max_run * P)
         return self._bounce[j * P : (j + 1) * P]
-
-
-_bounce_lock = threading.Lock()
-_bounce_counters: weakref.WeakKeyDictionary[Metrics, Counter] = weakref.WeakKeyDictionary()
-
-
-def _bounce_counter(metrics: Metrics) -> Counter:
-    """The bounce counter of ``metrics``' registry, registered on first use (one per registry)."""
-    with _bounce_lock:
-        counter = _bounce_counters.get(metrics)
-        if counter is None:
-            counter = Counter(
-                "kvstore_disk_bounce_pages",
-                "Disk-tier pages copied through an aligned bounce buffer because the caller's "
-                "buffer was not 4096-aligned, by tier and operation.",
-                ["tier", "op"],
-                registry=metrics.registry,
-            )
-            _bounce_counters[metrics] = counter
-        return counter
 
 
 __all__ = ["SLAB_FILE", "SLAB_FORMAT", "Slab"]
