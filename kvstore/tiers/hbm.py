@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import takewhile
 from typing import Any
@@ -351,15 +351,6 @@ class HBMTier(SlotReads, Tier, OwnedPool):
                     self._unlink(key)
                     n += 1
         return n
-
-    def _meta(self, key: bytes) -> BlockMeta | None:
-        with self._lock:
-            b = self._index.get(key)
-            return None if b is None else self._metas[b]
-
-    def _keys(self) -> Iterator[bytes]:
-        with self._lock:
-            return iter(list(self._index))
 
     def _used(self) -> int:
         # Every block not on the free list: held, committed or draining. used + free == capacity.

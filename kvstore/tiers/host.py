@@ -146,15 +146,6 @@ class HostTier(SlotReads, Tier):
                     n += 1
         return n
 
-    def _meta(self, key: bytes) -> BlockMeta | None:
-        with self._lock:
-            slot = self._index.get(key)
-            return None if slot is None else self._metas[slot]
-
-    def _keys(self) -> Iterator[bytes]:
-        with self._lock:
-            return iter(list(self._index))
-
     def _used(self) -> int:
         return len(self._index)
 

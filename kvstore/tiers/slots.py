@@ -9,7 +9,7 @@ tier decides what happens when the last reader leaves (``_after_unpin``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import takewhile
 
 import numpy as np
@@ -18,9 +18,10 @@ from kvstore.keys import BlockMeta
 
 
 class SlotReads:
-    """Mixin implementing ``_contains``, ``_count_leading`` and ``_read`` of a Tier over:
-    ``_lock``, ``_index`` (key -> slot), ``_metas`` (slot -> BlockMeta | None), ``_readers``
-    (slot -> count), ``_copy_out(slots, outs)`` and ``_after_unpin(slot)`` (called locked)."""
+    """Mixin implementing ``_meta``, ``_keys``, ``_contains``, ``_count_leading`` and ``_read`` of
+    a Tier over: ``_lock``, ``_index`` (key -> slot), ``_metas`` (slot -> BlockMeta | None),
+    ``_readers`` (slot -> count), ``_copy_out(slots, outs)`` and ``_after_unpin(slot)`` (called
+    locked)."""
 
     _lock: threading.Lock
     _index: dict[bytes, int]
@@ -34,6 +35,15 @@ class SlotReads:
 
     def _after_unpin(self, slot: int) -> None:
         raise NotImplementedError
+
+    def _meta(self, key: bytes) -> BlockMeta | None:
+        with self._lock:
+            slot = self._index.get(key)
+            return None if slot is None else self._metas[slot]
+
+    def _keys(self) -> Iterator[bytes]:
+        with self._lock:
+            return iter(list(self._index))
 
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         index = self._index
