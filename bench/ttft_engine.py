@@ -77,6 +77,7 @@ from tqdm import tqdm
 
 from bench.common import Measurement, measurement
 from bench.redis_server import find_redis_server, redis_server
+from connector.base import KVCacheSpec
 from connector.inprocess import InProcessScheduler, InProcessWorker, PrefetchPolicy
 from connector.transfer import make_transfer
 from kvstore.keys import Namespace
@@ -288,10 +289,8 @@ def _load_only(pool: HBMTier, host: HostTier, keys: Sequence[bytes], device: tor
     """Seconds to move ``keys``' host pages into free engine blocks with the connector's own
     transfer (every layer, as a load does), without the model."""
     layout = pool.layout
-    L, S = layout.num_layers, layout.page_bytes // layout.num_layers
-    nb = pool.num_blocks
-    whole = pool.pool.view(nb, -1).view(torch.uint8).view(nb, L, S)
-    layers = [whole[:, lyr] for lyr in range(L)]  # as InProcessWorker.register_kv_caches
+    L = layout.num_layers
+    layers = KVCacheSpec.page_first(pool.pool).layer_views(layout)  # as the worker's
     found = [host.slot_of(k) for k in keys]
     slots = [s for s in found if s is not None]
     if len(slots) != len(keys):

@@ -89,6 +89,16 @@ class KVCacheSpec:
     def num_blocks(self) -> int:
         return int(self.tensors[0].shape[0]) if self.tensors else 0
 
+    def layer_views(self, layout: KVLayout) -> list[torch.Tensor]:
+        """Per layer, a ``(num_blocks, S)`` uint8 view of every block's slice of that layer
+        (``S = page_bytes / num_layers``), sharing the caches' memory. Call :meth:`validate`
+        first."""
+        n, L = self.num_blocks, layout.num_layers
+        if self.layout == "page_first":
+            whole = self.tensors[0].view(n, -1).view(torch.uint8).view(n, L, -1)
+            return [whole[:, lyr] for lyr in range(L)]
+        return [t.view(n, -1).view(torch.uint8) for t in self.tensors]
+
     def validate(self, layout: KVLayout) -> None:
         """Raise InvalidArgument naming the offending tensor, shape, dtype or device unless
         every tensor matches ``layout``, all have the same number of blocks (>= 1), and all are

@@ -434,14 +434,10 @@ class InProcessWorker(KVConnectorWorker):
         with self._lock:
             if self._meta is not None or any(not j.done.is_set() for j in self._jobs) or any(self._inflight.values()):
                 raise InvalidArgument("cannot re-register KV caches while transfers are in flight")
-        n, L, S = spec.num_blocks, self.layout.num_layers, self._layer_bytes
-        if spec.layout == "page_first":
-            whole = spec.tensors[0].view(n, -1).view(torch.uint8).view(n, L, S)
-            layers = [whole[:, lyr] for lyr in range(L)]
-        else:
-            layers = [t.view(n, -1).view(torch.uint8) for t in spec.tensors]
-        assert all(tuple(v.shape) == (n, S) for v in layers)
-        xfer = make_transfer(layers, self._host.slab_tensor, L, self.layout.page_bytes,
+        layers = spec.layer_views(self.layout)
+        assert all(tuple(v.shape) == (spec.num_blocks, self._layer_bytes) for v in layers)
+        xfer = make_transfer(layers, self._host.slab_tensor, self.layout.num_layers,
+                             self.layout.page_bytes,
                              self._copy, self._saver, self._staging_pages)
         if self._xfer is not None:
             self._xfer.close()
