@@ -50,13 +50,12 @@ CopyFn = Callable[[Spans], None]
 
 @dataclass(eq=False)
 class SaveBuffer:
-    """One bound save's staging pages ``(n, num_layers, S)`` and what the transfer tracks."""
+    """One bound save: the blocks it stages, the staged pages, and its transfer's own state."""
 
     block_ids: tuple[int, ...]  # may be a prefix of the blocks asked for (staging ran short)
-    pages: Any  # (n, page_bytes) uint8 array or n page views: what store.put receives
-    staging: Any  # CPU: (n, L, S) numpy; CUDA: the staging rows taken from the pinned pool
+    pages: np.ndarray  # (n, page_bytes) uint8: what store.put receives
     pending: list[Any] = field(default_factory=list)  # copy futures (CPU) / the last event (CUDA)
-    index: Any = None  # CUDA: the pinned index tensors the gathers read
+    state: Any = None  # the transfer's: CPU the (n, L, S) view of pages; CUDA a _CudaSave
 
 
 class LayerTransfer(ABC):
@@ -142,11 +141,12 @@ class CpuTransfer(LayerTransfer):
 
     def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
         pages = aligned_pages(len(block_ids), self._page_bytes)
-        return SaveBuffer(tuple(block_ids), pages, pages.reshape(len(block_ids), self._L, -1))
+        return SaveBuffer(tuple(block_ids), pages,
+                          state=pages.reshape(len(block_ids), self._L, -1))
 
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
         src = self._layers[layer]
-        spans = [(buf.staging[i, layer], src[b]) for i, b in enumerate(buf.block_ids)]
+        spans = [(buf.state[i, layer], src[b]) for i, b in enumerate(buf.block_ids)]
         fut = self._saver.submit(self._copy, spans)
         buf.pending.append(fut)
         self._copies.append(fut)
@@ -162,6 +162,15 @@ class CpuTransfer(LayerTransfer):
         copies, self._copies = self._copies, []
         for f in copies:
             f.result()
+
+
+@dataclass(eq=False)
+class _CudaSave:
+    start: int  # first staging page of the run this save holds
+    count: int
+    block_idx: torch.Tensor  # pinned int64, read by the gather kernel through UVA
+    row_idx: torch.Tensor  # 0 .. count-1: the rows of scratch
+    scratch: torch.Tensor | None  # (count, S) on the GPU: a layer gathered before its DMA
 
 
 @dataclass(eq=False)
@@ -247,14 +256,14 @@ class CudaTransfer(LayerTransfer):
             with torch.cuda.stream(self._save_stream):  # allocated for the stream that uses it
                 scratch = torch.empty((k, self._page_bytes // self._L), dtype=torch.uint8,
                                       device=self.device)
-        return SaveBuffer(ids, self._staging_pages[start:start + k], (start, k),
-                          index=(self._pinned(ids), self._pinned(range(k)), scratch))
+        return SaveBuffer(ids, self._staging_pages[start:start + k], state=_CudaSave(
+            start, k, self._pinned(ids), self._pinned(range(k)), scratch))
 
     def release(self, buf: SaveBuffer) -> None:
-        start, k = buf.staging
+        st: _CudaSave = buf.state
         with self._rows_lock:
-            self._free[start:start + k] = True
-        buf.staging, buf.index = (0, 0), None
+            self._free[st.start:st.start + st.count] = True
+        buf.state = None
 
     def begin_save_layer(self, layer: int) -> None:
         ready = torch.cuda.Event()  # the layer's attention has been queued: save after it
@@ -264,11 +273,13 @@ class CudaTransfer(LayerTransfer):
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
         if not buf.block_ids:
             return
-        src_idx, dst_idx, scratch = buf.index
-        start, k = buf.staging
+        st: _CudaSave = buf.state
+        assert st.scratch is not None
         handle = self._save_stream.cuda_stream
-        copy_rows(scratch, self._layers[layer], dst_idx, src_idx, max_blocks=k, stream=handle)
-        copy_2d(self._staging_layers[layer][start:start + k], scratch, stream=handle)
+        copy_rows(st.scratch, self._layers[layer], st.row_idx, st.block_idx,
+                  max_blocks=st.count, stream=handle)
+        copy_2d(self._staging_layers[layer][st.start:st.start + st.count], st.scratch,
+                stream=handle)
 
     def mark_saved(self, buf: SaveBuffer) -> None:
         ev = torch.cuda.Event()
