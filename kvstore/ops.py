@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,38 +80,44 @@ def copy_rows_reference(
         dst[d].copy_(src[s], non_blocking=True)
 
 
-_rows_fn: Callable[..., int] | None = None
-_rows_resolved = False
-_rows_lock = threading.Lock()
+@dataclass(frozen=True, slots=True)
+class _CudaOps:
+    """The entry points of ``csrc/copy_rows.cu``, typed for ctypes."""
+
+    copy_rows: Callable[..., int]
+    copy_2d: Callable[..., int]
+    error_string: Callable[[int], bytes]
+
+    def check(self, rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what} failed: {self.error_string(rc).decode()}")
 
 
-def _resolve_rows() -> Callable[..., int] | None:
-    global _rows_fn, _rows_resolved
-    with _rows_lock:
-        if not _rows_resolved:
+_cuda_ops: _CudaOps | None = None
+_cuda_resolved = False
+_cuda_lock = threading.Lock()
+
+
+def _resolve_cuda() -> _CudaOps | None:
+    global _cuda_ops, _cuda_resolved
+    with _cuda_lock:
+        if not _cuda_resolved:
             from csrc.loader import load
 
             lib = load("copy_rows")
             if lib is not None:
-                fn = lib.kv_copy_rows
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
-                fn.restype = ctypes.c_int
-                lib.kv_error_string.argtypes = [ctypes.c_int]
-                lib.kv_error_string.restype = ctypes.c_char_p
+                lib.kv_copy_rows.argtypes = (
+                    [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_void_p])
                 lib.kv_copy_2d.argtypes = [
                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-                lib.kv_copy_2d.restype = ctypes.c_int
-                _rows_fn = fn
-                global _rows_err, _copy_2d_fn
-                _rows_err = lib.kv_error_string
-                _copy_2d_fn = lib.kv_copy_2d
-            _rows_resolved = True
-    return _rows_fn
-
-
-_rows_err: Callable[[int], bytes] | None = None
-_copy_2d_fn: Callable[..., int] | None = None
+                lib.kv_error_string.argtypes = [ctypes.c_int]
+                for fn in (lib.kv_copy_rows, lib.kv_copy_2d):
+                    fn.restype = ctypes.c_int
+                lib.kv_error_string.restype = ctypes.c_char_p
+                _cuda_ops = _CudaOps(lib.kv_copy_rows, lib.kv_copy_2d, lib.kv_error_string)
+            _cuda_resolved = True
+    return _cuda_ops
 
 
 def _device_ok(t: torch.Tensor) -> bool:
@@ -154,13 +161,13 @@ def copy_rows(
     if not len(dst_idx):
         return True
     cuda = dst if dst.device.type == "cuda" else src
-    fn = _resolve_rows() if cuda.device.type == "cuda" else None
+    ops = _resolve_cuda() if cuda.device.type == "cuda" else None
     nbytes = dst.shape[1] * dst.element_size()
     aligned = all(v % 16 == 0 for v in (
         dst.data_ptr(), src.data_ptr(), nbytes,
         dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size()))
     if (
-        fn is None or not aligned or dst.stride(1) != 1 or src.stride(1) != 1
+        ops is None or not aligned or dst.stride(1) != 1 or src.stride(1) != 1
         or dst_idx.dtype != src_idx.dtype or dst_idx.dtype.itemsize != 8
         or not all(map(_device_ok, (dst, src, dst_idx, src_idx)))
     ):
@@ -171,12 +178,10 @@ def copy_rows(
     if stream is None:
         stream = torch.cuda.current_stream(cuda.device).cuda_stream
     blocks = max_blocks if max_blocks is not None else _blocks_for(cuda.device)
-    rc = fn(dst.data_ptr(), src.data_ptr(), dst_idx.data_ptr(), src_idx.data_ptr(),
-            len(dst_idx), dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size(),
-            nbytes, blocks, stream)
-    if rc:
-        msg = _rows_err(rc).decode() if _rows_err is not None else str(rc)
-        raise RuntimeError(f"copy_rows kernel launch failed: {msg}")
+    ops.check(ops.copy_rows(
+        dst.data_ptr(), src.data_ptr(), dst_idx.data_ptr(), src_idx.data_ptr(), len(dst_idx),
+        dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size(), nbytes, blocks,
+        stream), "copy_rows kernel launch")
     return True
 
 
@@ -190,8 +195,8 @@ def copy_2d(dst: torch.Tensor, src: torch.Tensor, *, stream: int | None = None) 
         raise ValueError(f"copy_2d needs 2-D tensors of one shape, got {tuple(dst.shape)} and "
                          f"{tuple(src.shape)}")
     cuda = dst if dst.device.type == "cuda" else src
-    fn = _copy_2d_fn if cuda.device.type == "cuda" and _resolve_rows() is not None else None
-    if fn is None or dst.stride(1) != 1 or src.stride(1) != 1 or not all(
+    ops = _resolve_cuda() if cuda.device.type == "cuda" else None
+    if ops is None or dst.stride(1) != 1 or src.stride(1) != 1 or not all(
             map(_device_ok, (dst, src))):
         for d, s in zip(dst, src):
             d.copy_(s, non_blocking=True)
@@ -201,11 +206,8 @@ def copy_2d(dst: torch.Tensor, src: torch.Tensor, *, stream: int | None = None) 
     if stream is None:
         stream = torch.cuda.current_stream(cuda.device).cuda_stream
     es = dst.element_size()
-    rc = fn(dst.data_ptr(), dst.stride(0) * es, src.data_ptr(), src.stride(0) * es,
-            dst.shape[1] * es, dst.shape[0], stream)
-    if rc:
-        msg = _rows_err(rc).decode() if _rows_err is not None else str(rc)
-        raise RuntimeError(f"copy_2d failed: {msg}")
+    ops.check(ops.copy_2d(dst.data_ptr(), dst.stride(0) * es, src.data_ptr(),
+                          src.stride(0) * es, dst.shape[1] * es, dst.shape[0], stream), "copy_2d")
     return True
 
 
@@ -221,4 +223,4 @@ def _blocks_for(device: torch.device) -> int:
 
 def copy_rows_native_active() -> bool:
     """Whether the CUDA gather/scatter kernel built and loaded (only attempted with CUDA)."""
-    return _resolve_rows() is not None
+    return _resolve_cuda() is not None
