@@ -259,6 +259,15 @@ class KVConnectorScheduler(ABC):
         Returns True when transfers of its blocks may be in flight: the engine must not free
         them until ``get_finished`` reports the request in ``sending``. Unknown ids: False."""
 
+    @property
+    def wants_saves(self) -> bool:
+        """Whether the engine should hand computed full blocks to ``request_save``. False when
+        the blocks reach the store another way (an engine pool under write-through)."""
+        return True
+
+    def close(self) -> None:
+        """Drop pending matches and release what they hold. Idempotent. Default: nothing."""
+
 
 class KVConnectorWorker(ABC):
     """Worker side. Its methods are called from one engine thread; its copies run on its own
@@ -313,6 +322,10 @@ class KVConnectorWorker(ABC):
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Engine blocks of loads ended since the last call that do not hold their page; for
         each request, its first failed block and every later one. Clears the set."""
+
+    def close(self) -> None:
+        """Wait for every load and save in flight, then stop the side's threads. Idempotent.
+        Default: nothing to stop."""
 
 
 __all__ = [

@@ -8,7 +8,7 @@ from kvstore.config import KVStoreConfig
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.slab import SlabSlots
 
 
 def build_connector(
@@ -20,7 +20,7 @@ def build_connector(
     store has no host tier to stage loads through."""
     conn = cfg.connector
     host = conn.host_tier or next(
-        (t.name for t in store.tiers if isinstance(t, HostTier)), None)
+        (t.name for t in store.tiers if isinstance(t, SlabSlots)), None)
     if host is None:
         raise InvalidArgument(
             "the connector needs a host tier to stage loads through; this store has none",
@@ -30,8 +30,7 @@ def build_connector(
     return (
         InProcessScheduler(store, namespace, num_blocks=num_blocks, host_tier=host),
         InProcessWorker(store, host_tier=host, prefetch_policy=conn.prefetch_policy,
-                        prefetch_timeout_s=conn.prefetch_timeout_s, layerwise=conn.layerwise,
-                        staging_bytes=int(conn.staging)),
+                        prefetch_timeout_s=conn.prefetch_timeout_s, layerwise=conn.layerwise),
     )
 
 

@@ -1,18 +1,20 @@
 """The in-process connector: both sides over a :class:`~kvstore.store.TieredStore` that lives in
-the engine process, with a host tier (:class:`~kvstore.tiers.host.HostTier`) as the staging
-ground for every load.
+the engine process. Every load and save goes through the store's staging path
+(``prepare_load``/``complete_load``, ``prepare_store``/``complete_store``/``abort``) on its
+staging tier -- a tier with page slots in one slab (:class:`~kvstore.tiers.slab.SlabSlots`, the
+host tier) -- so the tier's policy, counters and leases see every hit and every save.
 
 Loads (worker side, one thread per bound load)::
 
     lease still valid?  -- no --> every block fails ("lease_expired")
     pages below host?   -- prefetch them into host (store.prefetch); how long the load waits is
                            the worker's prefetch policy (below)
-    resolve host slots  -- the first block absent from host (a miss, a page dropped by its
+    store.prepare_load  -- pins the leading pages host holds (policy touched, hits counted);
+                           the first block absent from host (a miss, a page dropped by its
                            check, a timeout) fails, with every later block of the request
     for l in layers:    copy layer l of each page (slab row slice, zero-copy source) into the
                         engine block; set event[l]        <- wait_for_layer_load(l) waits here
-    re-check slots      -- a page deleted/replaced during the copy fails ("changed")
-    release the lease
+    store.complete_load -- unpins the slots (they kept their bytes throughout), releases the lease
 
 A page's layer ``l`` is bytes ``[l * S, (l + 1) * S)`` of the page, ``S = page_bytes /
 num_layers``; an engine block's layer ``l`` is the same ``S`` bytes (see :class:`KVCacheSpec`).
@@ -37,17 +39,17 @@ recomputing its ``block_size`` tokens; the match ends at the first block whose l
 counted in ``kvstore_connector_decisions_total{decision="load"|"recompute"}`` on the store's
 registry and in :attr:`InProcessScheduler.decisions`.
 
-Saves (worker side, one save thread, in submission order): ``save_kv_layer(l)`` queues the copy of
-layer ``l`` of every bound save's blocks into a host staging page; after the last layer the
-thread calls ``store.put(..., tier=host)`` (write policies then copy down). ``wait_for_save``
-waits for the copies out of engine blocks only, never for the puts.
+Saves (worker side, one save thread, in submission order): binding a plan reserves host slots
+for each save (``store.prepare_store``: pages host already holds are skipped; eviction makes
+room); ``save_kv_layer(l)`` queues the copy of layer ``l`` of every bound save's blocks straight
+into its reserved slots; after the last layer the save thread publishes them
+(``store.complete_store``; write policies then copy down), or aborts a save that did not finish.
+``wait_for_save`` waits for the copies out of engine blocks only, never for the publishing.
 
-Concurrency: the store holds leases, so eviction cannot take a leased page; a page *deleted*
-during the copy is caught by the slot re-check (the slot is freed only to a later writer; a page
-deleted and re-written into the same slot within one copy is not detected — host pages of one
-key hold the same bytes, so this can only matter for a page replaced with different bytes).
-Worker-side state shared with its threads is guarded by one lock; public methods are for one
-engine thread.
+Concurrency: the store holds leases, so eviction cannot take a leased page, and a load handle
+pins its slots, so a page deleted or replaced during the copy keeps its bytes until the copy
+is done. Worker-side state shared with its threads is guarded by one lock; public methods are
+for one engine thread.
 
 Layer-wise or not (``layerwise``, default True): with False, ``wait_for_layer_load(l)`` waits
 for the whole load before layer 0 computes -- the load-then-compute baseline of the overlap
@@ -88,21 +90,16 @@ from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta, Namespace
 from kvstore.ops import copy_spans
 from kvstore.results import Lease
+from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.slab import SlabSlots
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
 PREFETCH_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
 
 def _host_index(store: TieredStore, host_tier: str) -> int:
-    tier = store.tier(host_tier)  # raises InvalidArgument naming the store's tiers
-    ti = store.tiers.index(tier)
-    if not isinstance(tier, HostTier):
-        raise InvalidArgument(
-            f"tier {host_tier!r} is a {type(store.tiers[ti]).__name__}, not a host tier",
-            hint="name the store's host tier in host_tier",
-        )
-    return ti
+    tier = store.staging_tier(host_tier)  # raises InvalidArgument naming the problem
+    return store.tiers.index(tier)  # type: ignore[arg-type]
 
 
 def _check_block_ids(block_ids: Sequence[int], num_blocks: int) -> None:
@@ -286,7 +283,10 @@ class InProcessScheduler(KVConnectorScheduler):
                     "parent and tokens",
                     hint="build identities with Namespace.chain()",
                 )
-        held = self.store.tiers[self._host].contains([m.key for m in metas]) if metas else []
+        # pages host holds already are not saved again (prepare_store would skip them too; this
+        # spares the worker a handle and the engine a transfer)
+        held = self.store.tier(self.store.tiers[self._host].name).contains(
+            [m.key for m in metas]) if metas else []
         keep = [i for i, h in enumerate(held) if not h]
         if keep:
             self._saves.append(SaveSpec(
@@ -314,6 +314,11 @@ class InProcessScheduler(KVConnectorScheduler):
             return True
         return False
 
+    @property
+    def wants_saves(self) -> bool:
+        # under write-through the store copies an engine pool's commits down itself
+        return self.store.write_policy != "write_through"
+
     def close(self) -> None:
         for rid in list(self._matches):
             self._drop(rid)
@@ -339,6 +344,7 @@ class _LoadJob:
     layers: list[threading.Event]
     gate: Any = None  # what the copies wait for (LayerTransfer.gate)
     ctx: Any = None  # the transfer's context once copies are queued
+    handle: LoadHandle | None = None  # the store's pins on the host slots copied from
     done: threading.Event = field(default_factory=threading.Event)
     failed: list[int] = field(default_factory=list)
     reason: str = ""
@@ -347,6 +353,7 @@ class _LoadJob:
 @dataclass(eq=False)
 class _SaveJob:
     spec: SaveSpec
+    handle: StoreHandle  # the host slots reserved for the pages host does not hold yet
     buf: SaveBuffer
     layers_saved: set[int] = field(default_factory=set)
 
@@ -356,9 +363,9 @@ class InProcessWorker(KVConnectorWorker):
     ``timeout`` (the default) -- how a load treats pages still below the host tier (see the
     module docstring). ``prefetch_timeout_s``: the ``timeout`` policy's wait (default:
     ``load_timeout_s``, its older name). ``layerwise``: False waits for a whole load before
-    layer 0 (the ablation baseline). ``staging_bytes``: the pinned pool saves from a GPU cache
-    are gathered into (default 4 GiB, at most the host tier's size; a save that finds it full
-    stages the prefix that fits and drops the rest, counted in ``saves_abandoned``).
+    layer 0 (the ablation baseline). Saves go straight into host slots the store reserves; a
+    save the host tier has no room for (everything evictable pinned) is counted in
+    ``saves_abandoned``.
     ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
     layer's spans of a CPU cache (tests inject a slow one)."""
 
@@ -371,7 +378,6 @@ class InProcessWorker(KVConnectorWorker):
         prefetch_policy: PrefetchPolicy = "timeout",
         prefetch_timeout_s: float | None = None,
         layerwise: bool = True,
-        staging_bytes: int = 4 << 30,
         clock: Callable[[], float] = time.monotonic,
         copy_fn: CopyFn = copy_spans,
     ) -> None:
@@ -388,16 +394,11 @@ class InProcessWorker(KVConnectorWorker):
         layout = store.layout
         self.layout = layout
         self._host_name = host_tier
-        self._host: HostTier = store.tiers[_host_index(store, host_tier)]  # type: ignore[assignment]
+        self._host: SlabSlots = store.staging_tier(host_tier)
         self._layer_bytes = layout.page_bytes // layout.num_layers
         self.load_timeout_s = load_timeout_s if prefetch_timeout_s is None else prefetch_timeout_s
         self.prefetch_policy = prefetch_policy
         self.layerwise = bool(layerwise)
-        if not isinstance(staging_bytes, int) or staging_bytes < layout.page_bytes:
-            raise InvalidArgument(
-                f"staging_bytes must be an int of at least one page ({layout.page_bytes}), "
-                f"got {staging_bytes!r}")
-        self._staging_pages = min(staging_bytes // layout.page_bytes, self._host.capacity_pages)
         self._clock = clock
         self._copy = copy_fn
         self._spec: KVCacheSpec | None = None
@@ -438,7 +439,7 @@ class InProcessWorker(KVConnectorWorker):
         assert all(tuple(v.shape) == (spec.num_blocks, self._layer_bytes) for v in layers)
         xfer = make_transfer(layers, self._host.slab_tensor, self.layout.num_layers,
                              self.layout.page_bytes,
-                             self._copy, self._saver, self._staging_pages)
+                             self._copy, self._saver)
         if self._xfer is not None:
             self._xfer.close()
         self._spec, self._xfer = spec, xfer
@@ -458,13 +459,20 @@ class InProcessWorker(KVConnectorWorker):
         assert self._xfer is not None
         self._meta = meta
         self._step_loads = []
-        self._step_saves = [_SaveJob(s, self._xfer.new_save(s.block_ids)) for s in meta.saves]
-        short = sum(len(j.buf.block_ids) < len(j.spec.block_ids) for j in self._step_saves)
+        self._step_saves = [self._reserve(s) for s in meta.saves]
+        short = sum(j.handle.refused > 0 for j in self._step_saves)
         with self._lock:
-            self._abandoned += short  # staging ran short: the tails are not saved
+            self._abandoned += short  # host had no room for some pages: they are not saved
             for s in meta.saves:
                 self._inflight[s.request_id] += 1
                 self._tracked.add(s.request_id)
+
+    def _reserve(self, spec: SaveSpec) -> _SaveJob:
+        handle = self.store.prepare_store(spec.metas, tier=self._host_name)
+        block_of = {m.key: b for m, b in zip(spec.metas, spec.block_ids)}
+        assert self._xfer is not None
+        buf = self._xfer.new_save([block_of[m.key] for m in handle.metas], handle.slots)
+        return _SaveJob(spec, handle, buf)
 
     def clear_connector_metadata(self) -> None:
         L = self.layout.num_layers
@@ -489,7 +497,7 @@ class InProcessWorker(KVConnectorWorker):
                 if spec.load_async:
                     self._inflight[spec.request_id] += 1
                     self._tracked.add(spec.request_id)
-            queued: tuple[list[int], int, str] | None = None
+            queued: tuple[int, str] | None = None
             if not spec.load_async:
                 self._step_loads.append(job)
                 if self._xfer.queue_on_caller:
@@ -499,7 +507,7 @@ class InProcessWorker(KVConnectorWorker):
                     try:
                         queued = self._resolve_and_queue(job, may_wait=False)
                     except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
-                        queued = ([], 0, "error")
+                        queued = (0, "error")
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own
                 threading.Thread(target=self._run_load, args=(job, None), daemon=True,
                                  name=f"kvconnector-load-{spec.request_id}").start()
@@ -517,20 +525,19 @@ class InProcessWorker(KVConnectorWorker):
             if job.ctx is not None:
                 xfer.wait_layer(job.ctx, layer)  # type: ignore[union-attr]
 
-    def _resolve_and_queue(self, job: _LoadJob, *, may_wait: bool) -> tuple[list[int], int, str]:
-        """Find the pages' host slots -- prefetching what is below host per the prefetch policy,
-        when ``may_wait`` -- and queue (or, on the CPU, run) every layer's copy, setting each
-        layer's Event. Returns (slots, how many blocks load, failure reason)."""
-        spec, host, xfer = job.spec, self._host, self._xfer
+    def _resolve_and_queue(self, job: _LoadJob, *, may_wait: bool) -> tuple[int, str]:
+        """Pin the pages' host slots through the store -- prefetching what is below host per
+        the prefetch policy, when ``may_wait`` -- and queue (or, on the CPU, run) every layer's
+        copy, setting each layer's Event. Returns (how many blocks load, failure reason)."""
+        spec, xfer = job.spec, self._xfer
         assert xfer is not None
         keys, n = list(spec.keys), len(spec.keys)
         good, reason = 0, ""
-        slots: list[int] = []
         if spec.lease is not None and spec.lease.expires_at <= self._clock():
             reason = "lease_expired"
         else:
             deadline = time.monotonic() + self.prefetch_timeout_s
-            first_missing = host.count_leading(keys)
+            first_missing = self.store.tier(self._host_name).count_leading(keys)
             usable = n
             if first_missing < n and not may_wait:
                 usable = first_missing  # gone from host since the lookup: a miss
@@ -545,37 +552,30 @@ class InProcessWorker(KVConnectorWorker):
                         fut.result(timeout=max(0.0, deadline - time.monotonic()))
                     except FutureTimeout:
                         reason = "timeout"
-            slots = host.leading_slots(keys[:usable], spec.namespace_id)
-            good = len(slots)
+            job.handle = self.store.prepare_load(spec.namespace_id, keys[:usable],
+                                                 lease=spec.lease, tier=self._host_name)
+            good = job.handle.num_blocks
             if good < n and not reason:
                 reason = "miss"
         if good:
-            job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], slots)
+            assert job.handle is not None
+            job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], job.handle.slots)
         for lyr in range(self.layout.num_layers):
             if good:
                 xfer.load_layer(job.ctx, lyr)
             job.layers[lyr].set()
-        return slots, good, reason
+        return good, reason
 
-    def _run_load(self, job: _LoadJob, queued: tuple[list[int], int, str] | None = None) -> None:
-        """The load thread: resolve and copy (unless ``queued`` already did), wait until the
-        copies landed, re-check the slots, release the lease, report."""
-        spec, host, xfer = job.spec, self._host, self._xfer
+    def _run_load(self, job: _LoadJob, queued: tuple[int, str] | None = None) -> None:
+        """The load thread: pin and copy (unless ``queued`` already did), wait until the copies
+        landed, complete the load (unpin, release the lease), report."""
+        spec, xfer = job.spec, self._xfer
         assert xfer is not None
-        keys = list(spec.keys)
         good, reason = 0, ""
-        slots: list[int] = []
         try:
-            if queued is None:
-                slots, good, reason = self._resolve_and_queue(job, may_wait=True)
-            else:
-                slots, good, reason = queued
+            good, reason = queued if queued is not None else self._resolve_and_queue(job, may_wait=True)
             if job.ctx is not None:
                 xfer.finish_load(job.ctx)
-            now = host.slots_of(keys[:good])  # a page deleted or replaced during the copy
-            changed = next((i for i in range(good) if now[i] != slots[i]), None)
-            if changed is not None:
-                good, reason = changed, "changed"
         except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
             good, reason = 0, "error"
             if job.ctx is not None:
@@ -586,10 +586,15 @@ class InProcessWorker(KVConnectorWorker):
         finally:
             for ev in job.layers:
                 ev.set()
-            if spec.lease is not None:
+            if job.handle is not None:
+                try:
+                    self.store.complete_load(job.handle)  # releases the lease too
+                except Exception:  # noqa: BLE001 - the store closed under us: pins die with it
+                    pass
+            elif spec.lease is not None:
                 try:
                     self.store.release(spec.lease)
-                except LeaseError:
+                except Exception:  # noqa: BLE001 - expired, or the store closed
                     pass
             with self._lock:
                 job.failed = list(spec.block_ids[good:])
@@ -630,37 +635,44 @@ class InProcessWorker(KVConnectorWorker):
             self._xfer.wait_for_save()
 
     def _put(self, job: _SaveJob) -> None:
+        """Save thread: once the copies into the reserved slots landed, publish them."""
+        assert self._xfer is not None
         try:
-            assert self._xfer is not None
             self._xfer.wait_saved(job.buf)
-            n = len(job.buf.block_ids)
-            if n:
-                res = self.store.put(list(job.spec.metas[:n]), job.buf.pages, tier=self._host_name)
-                with self._lock:
-                    self._saved += res.stored
+            res = self.store.complete_store(job.handle)
+            with self._lock:
+                self._saved += res.stored
         except Exception:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
+            self._abort(job.handle)
             with self._lock:
                 self._abandoned += 1
         finally:
-            self._xfer.release(job.buf)  # type: ignore[union-attr]
+            self._xfer.release(job.buf)
             with self._lock:
                 self._inflight[job.spec.request_id] -= 1
 
     def _abandon(self, job: _SaveJob) -> None:
         xfer = self._xfer
-        if xfer is not None:  # staging is reused only after the copies queued into it landed
-            xfer.mark_saved(job.buf)
+        assert xfer is not None
+        xfer.mark_saved(job.buf)
 
-            def drop() -> None:
-                try:
-                    xfer.wait_saved(job.buf)
-                finally:
-                    xfer.release(job.buf)
+        def drop() -> None:  # slots are freed only after the copies queued into them landed
+            try:
+                xfer.wait_saved(job.buf)
+            finally:
+                xfer.release(job.buf)
+                self._abort(job.handle)
 
-            self._saver.submit(drop)
+        self._saver.submit(drop)
         with self._lock:
             self._abandoned += 1
             self._inflight[job.spec.request_id] -= 1
+
+    def _abort(self, handle: StoreHandle) -> None:
+        try:
+            self.store.abort(handle)
+        except Exception:  # noqa: BLE001 - completed already, or the store closed
+            pass
 
     # ----------------------------------------------------------------- completion
 

@@ -13,8 +13,10 @@ Both transfers have one shape, driven by :class:`~connector.inprocess.InProcessW
                    (with ``queue_on_caller`` -- CUDA -- the engine thread queues a host load's
                    copies itself in start_load_kv; the load thread only runs finish_load)
     engine thread: wait_layer(ctx, l)               # after the Event: compute may read layer l
-    engine thread: begin_save_layer(l); save_layer(buf, l) per save, after attention wrote l
-                   after the last layer: mark_saved(job) -> save thread: wait_saved(job); put
+    engine thread: buf = new_save(block_ids, slots)  # slots: reserved by store.prepare_store
+                   begin_save_layer(l); save_layer(buf, l) per save, after attention wrote l
+                   after the last layer: mark_saved(buf) -> save thread: wait_saved(buf);
+                   store.complete_store
     engine thread: wait_for_save()                  # blocks may be overwritten after this
 
 CUDA ordering (never blocking the engine thread on a copy):
@@ -23,15 +25,15 @@ CUDA ordering (never blocking the engine thread on a copy):
   blocks may still be read by earlier kernels), then runs one scatter per layer and records an
   event per layer; ``wait_layer`` makes the engine's current stream wait on that event;
 * a save of layer ``l`` records an event on the engine's stream right after the layer's
-  attention; the save stream waits on it, gathers the layer of every block into pinned staging
-  and, after the last layer, records the event the put (on the save thread) synchronises on;
+  attention; the save stream waits on it and moves the layer of every block straight into its
+  reserved host slot and, after the last layer, records the event that ``complete_store`` (on
+  the save thread) synchronises on;
 * ``wait_for_save`` makes the engine's stream wait for the save stream: later writes to the
   saved blocks are ordered after the gathers.
 """
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +43,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvstore.buffers import aligned_pages
 from kvstore.errors import InvalidArgument
 from kvstore.ops import Spans, copy_2d, copy_rows
 
@@ -50,12 +51,13 @@ CopyFn = Callable[[Spans], None]
 
 @dataclass(eq=False)
 class SaveBuffer:
-    """One bound save: the blocks it stages, the staged pages, and its transfer's own state."""
+    """One bound save: engine blocks and the reserved host slots they go to (``slots[i]`` takes
+    block ``block_ids[i]``), and the transfer's own state."""
 
-    block_ids: tuple[int, ...]  # may be a prefix of the blocks asked for (staging ran short)
-    pages: np.ndarray  # (n, page_bytes) uint8: what store.put receives
+    block_ids: tuple[int, ...]
+    slots: tuple[int, ...]
     pending: list[Any] = field(default_factory=list)  # copy futures (CPU) / the last event (CUDA)
-    state: Any = None  # the transfer's: CPU the (n, L, S) view of pages; CUDA a _CudaSave
+    state: Any = None  # the transfer's (CUDA: a _CudaSave)
 
 
 class LayerTransfer(ABC):
@@ -85,11 +87,11 @@ class LayerTransfer(ABC):
         """Engine thread: order the engine's later reads of layer ``layer`` after its load."""
 
     @abstractmethod
-    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
-        """Staging for saving ``block_ids``; it may cover only a prefix of them."""
+    def new_save(self, block_ids: Sequence[int], slots: Sequence[int]) -> SaveBuffer:
+        """A save of ``block_ids`` into the host slots ``slots`` (reserved for it)."""
 
     def release(self, buf: SaveBuffer) -> None:
-        """Save thread, after the put (or when the save is abandoned): staging can be reused."""
+        """Save thread, once the save's copies landed: its transfer state can be dropped."""
 
     def begin_save_layer(self, layer: int) -> None:
         """Engine thread, once per layer before that layer's :meth:`save_layer` calls."""
@@ -103,7 +105,7 @@ class LayerTransfer(ABC):
 
     @abstractmethod
     def wait_saved(self, buf: SaveBuffer) -> None:
-        """Save thread: block until ``buf.pages`` hold every layer."""
+        """Save thread: block until ``buf``'s slots hold every layer."""
 
     @abstractmethod
     def wait_for_save(self) -> None:
@@ -139,14 +141,12 @@ class CpuTransfer(LayerTransfer):
     def wait_layer(self, ctx: Any, layer: int) -> None:
         pass  # the copy ran before the layer's Event was set
 
-    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
-        pages = aligned_pages(len(block_ids), self._page_bytes)
-        return SaveBuffer(tuple(block_ids), pages,
-                          state=pages.reshape(len(block_ids), self._L, -1))
+    def new_save(self, block_ids: Sequence[int], slots: Sequence[int]) -> SaveBuffer:
+        return SaveBuffer(tuple(block_ids), tuple(slots))
 
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
-        src = self._layers[layer]
-        spans = [(buf.state[i, layer], src[b]) for i, b in enumerate(buf.block_ids)]
+        src, slab = self._layers[layer], self._slab
+        spans = [(slab[s, layer], src[b]) for b, s in zip(buf.block_ids, buf.slots)]
         fut = self._saver.submit(self._copy, spans)
         buf.pending.append(fut)
         self._copies.append(fut)
@@ -164,13 +164,17 @@ class CpuTransfer(LayerTransfer):
             f.result()
 
 
+#: a save whose slots form more runs than this is scattered by the kernel instead of DMA'd per run
+MAX_DMA_RUNS = 8
+
+
 @dataclass(eq=False)
 class _CudaSave:
-    start: int  # first staging page of the run this save holds
-    count: int
-    block_idx: torch.Tensor  # pinned int64, read by the gather kernel through UVA
-    row_idx: torch.Tensor  # 0 .. count-1: the rows of scratch
-    scratch: torch.Tensor | None  # (count, S) on the GPU: a layer gathered before its DMA
+    runs: list[tuple[int, int, int]]  # (first slot, first scratch row, count) of adjacent slots
+    block_idx: torch.Tensor  # pinned int64, read by the kernels through UVA
+    row_idx: torch.Tensor  # 0 .. n-1: rows of scratch (DMA) -- or the slots (scatter)
+    scratch: torch.Tensor | None  # (2, n, S) on the GPU: layers gathered before their DMAs
+    dma_done: list[torch.cuda.Event | None] = field(default_factory=lambda: [None, None])
 
 
 @dataclass(eq=False)
@@ -186,21 +190,18 @@ class CudaTransfer(LayerTransfer):
     slab as a ``(P, page_bytes)`` uint8 tensor.
 
     Loads: one scatter kernel per layer reads the host slab through UVA with a few thread blocks
-    (it overlaps the layers that compute meanwhile). Saves: per layer, a gather kernel collects
-    the layer of every saved block into GPU scratch (microseconds at HBM speed), then the copy
-    engines move it into the layer's slice of consecutive pinned staging pages with one 2-D DMA
-    -- no SMs are held while a save overlaps a heavy prefill.
-
-    Staging is a pinned pool of ``staging_pages`` pages allocated once (page-locking memory
-    costs far more than copying it, so it is never done per save); a save takes consecutive
-    pages (one run: one DMA per layer, one copy into the host tier). A save that finds no run
-    long enough stages the longest prefix of its blocks that fits and drops the rest (a later
-    cache miss, never a stall)."""
+    (it overlaps the layers that compute meanwhile). Saves go straight into the host slots the
+    store reserved (``prepare_store``), with no staging copy: per layer, a gather kernel
+    collects the layer of every saved block into GPU scratch (microseconds at HBM speed), then
+    the copy engines move each run of adjacent slots with one 2-D DMA -- no SMs are held while
+    a save overlaps a heavy prefill. Scratch is double-buffered: the DMAs of layer ``l`` run on
+    a stream of their own while layer ``l + 1`` is gathered into the other half. Slots scattered over more than ``MAX_DMA_RUNS`` runs are
+    written by one scatter kernel per layer through UVA instead."""
 
     queue_on_caller = True
 
     def __init__(self, layers: list[torch.Tensor], slab: torch.Tensor, num_layers: int,
-                 page_bytes: int, staging_pages: int) -> None:
+                 page_bytes: int) -> None:
         if not slab.is_pinned():
             raise InvalidArgument(
                 "a CUDA KV cache needs a pinned host tier (DMA target), this one is pageable",
@@ -213,13 +214,7 @@ class CudaTransfer(LayerTransfer):
         self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
         self._load_stream = torch.cuda.Stream(self.device)
         self._save_stream = torch.cuda.Stream(self.device)
-        self._staging = torch.empty((staging_pages, page_bytes), dtype=torch.uint8,
-                                    pin_memory=True)
-        self._staging_pages = self._staging.numpy()
-        self._staging_layers = [self._staging.view(-1, num_layers, S)[:, lyr]
-                                for lyr in range(num_layers)]
-        self._free = np.ones(staging_pages, dtype=bool)
-        self._rows_lock = threading.Lock()
+        self._dma_stream = torch.cuda.Stream(self.device)
 
     @staticmethod
     def _pinned(ids: Sequence[int]) -> torch.Tensor:
@@ -246,23 +241,22 @@ class CudaTransfer(LayerTransfer):
     def wait_layer(self, ctx: _CudaLoad, layer: int) -> None:
         torch.cuda.current_stream(self.device).wait_event(ctx.events[layer])
 
-    def new_save(self, block_ids: Sequence[int]) -> SaveBuffer:
-        with self._rows_lock:
-            start, k = _first_run(self._free, len(block_ids))
-            self._free[start:start + k] = False
-        ids = tuple(block_ids[:k])
+    def new_save(self, block_ids: Sequence[int], slots: Sequence[int]) -> SaveBuffer:
+        runs = _slot_runs(slots)
+        n = len(block_ids)
         scratch = None
-        if k:
+        if n and len(runs) <= MAX_DMA_RUNS:
             with torch.cuda.stream(self._save_stream):  # allocated for the stream that uses it
-                scratch = torch.empty((k, self._page_bytes // self._L), dtype=torch.uint8,
-                                      device=self.device)
-        return SaveBuffer(ids, self._staging_pages[start:start + k], state=_CudaSave(
-            start, k, self._pinned(ids), self._pinned(range(k)), scratch))
+                scratch = torch.empty((2, n, self._page_bytes // self._L),
+                                      dtype=torch.uint8, device=self.device)
+            scratch.record_stream(self._dma_stream)  # not reused before its DMAs are done
+            rows = self._pinned(range(n))
+        else:
+            rows = self._pinned(slots)  # scattered: the kernel writes the slots themselves
+        return SaveBuffer(tuple(block_ids), tuple(slots),
+                          state=_CudaSave(runs, self._pinned(block_ids), rows, scratch))
 
     def release(self, buf: SaveBuffer) -> None:
-        st: _CudaSave = buf.state
-        with self._rows_lock:
-            self._free[st.start:st.start + st.count] = True
         buf.state = None
 
     def begin_save_layer(self, layer: int) -> None:
@@ -274,49 +268,62 @@ class CudaTransfer(LayerTransfer):
         if not buf.block_ids:
             return
         st: _CudaSave = buf.state
-        assert st.scratch is not None
         handle = self._save_stream.cuda_stream
-        copy_rows(st.scratch, self._layers[layer], st.row_idx, st.block_idx,
-                  max_blocks=st.count, stream=handle)
-        copy_2d(self._staging_layers[layer][st.start:st.start + st.count], st.scratch,
-                stream=handle)
+        if st.scratch is None:
+            copy_rows(self._slab_layers[layer], self._layers[layer], st.row_idx, st.block_idx,
+                      stream=handle)
+            return
+        half = layer % 2
+        reused = st.dma_done[half]
+        if reused is not None:  # the DMAs of layer - 2 must have read this half
+            self._save_stream.wait_event(reused)
+        scratch = st.scratch[half]
+        copy_rows(scratch, self._layers[layer], st.row_idx, st.block_idx,
+                  max_blocks=len(buf.block_ids), stream=handle)
+        gathered = torch.cuda.Event()
+        gathered.record(self._save_stream)
+        self._dma_stream.wait_event(gathered)
+        dst, dma = self._slab_layers[layer], self._dma_stream.cuda_stream
+        for slot, row, count in st.runs:
+            copy_2d(dst[slot:slot + count], scratch[row:row + count], stream=dma)
+        done = torch.cuda.Event()
+        done.record(self._dma_stream)
+        st.dma_done[half] = done
 
     def mark_saved(self, buf: SaveBuffer) -> None:
-        ev = torch.cuda.Event()
-        ev.record(self._save_stream)
-        buf.pending.append(ev)
+        for stream in (self._save_stream, self._dma_stream):
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            buf.pending.append(ev)
 
     def wait_saved(self, buf: SaveBuffer) -> None:
         for ev in buf.pending:
             ev.synchronize()
 
     def wait_for_save(self) -> None:
+        # the gathers and scatters on the save stream read the blocks; the DMAs read scratch only
         torch.cuda.current_stream(self.device).wait_stream(self._save_stream)
 
 
-def _first_run(free: np.ndarray, n: int) -> tuple[int, int]:
-    """(start, length) of the first run of ``n`` free rows, else of the longest free run."""
-    if n == 0 or not free.any():
-        return 0, 0
-    padded = np.concatenate(([False], free, [False]))
-    edges = np.flatnonzero(padded[1:] != padded[:-1])
-    starts, ends = edges[::2], edges[1::2]
-    lengths = ends - starts
-    fit = np.flatnonzero(lengths >= n)
-    if len(fit):
-        return int(starts[fit[0]]), n
-    best = int(np.argmax(lengths))
-    return int(starts[best]), int(lengths[best])
+def _slot_runs(slots: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first slot, index of its first entry, length) of each run of adjacent ``slots``."""
+    runs: list[tuple[int, int, int]] = []
+    for i, slot in enumerate(slots):
+        if runs and slot == runs[-1][0] + runs[-1][2]:
+            first, row, count = runs[-1]
+            runs[-1] = (first, row, count + 1)
+        else:
+            runs.append((slot, i, 1))
+    return runs
 
 
 def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,
-                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor,
-                  staging_pages: int = 1) -> LayerTransfer:
+                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor) -> LayerTransfer:
     """The transfer for the engine's cache: ``tensors_by_layer`` are ``(num_blocks, S)`` uint8
-    views of each layer (CPU or one GPU); ``host_slab`` the host tier's ``(P, page_bytes)``;
-    ``staging_pages``: the pinned save-staging pool of a CUDA cache."""
+    views of each layer (CPU or one GPU); ``host_slab`` the staging tier's ``(P, page_bytes)``
+    slab (pinned for a CUDA cache)."""
     if tensors_by_layer[0].device.type == "cuda":
-        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes, staging_pages)
+        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes)
     layers = [t.numpy() for t in tensors_by_layer]
     slab = host_slab.numpy().reshape(host_slab.shape[0], num_layers, -1)
     return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver)

@@ -246,7 +246,6 @@ class ConnectorConfig(_Strict):
     prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
     prefetch_timeout_s: PositiveFloat = 5.0
     layerwise: bool = True
-    staging: ByteSize = Field(ByteSize(4 << 30), description="pinned save staging (GPU caches)")
 
 
 class KVStoreConfig(BaseSettings):
@@ -281,11 +280,6 @@ class KVStoreConfig(BaseSettings):
                     f"connector.host_tier: {conn.host_tier!r} is not a host tier of this store "
                     f"(host tiers: {[n for n, k in kinds.items() if k == 'host']})"
                 )
-        if conn.staging < page:
-            raise ValueError(
-                f"connector.staging: {conn.staging.human_readable()} holds no page of "
-                f"{ByteSize(page).human_readable()}"
-            )
         return self
 
     @classmethod

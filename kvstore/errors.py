@@ -44,6 +44,15 @@ class TierUnavailable(KVStoreError):
     http_status = 503
 
 
+class StoreClosed(KVStoreError):
+    """The store (or tier) was closed: it serves nothing more."""
+
+    http_status = 503
+
+    def __init__(self, what: str = "the store") -> None:
+        super().__init__(f"{what} is closed", hint="build a new store; a closed one serves nothing")
+
+
 class LeaseError(KVStoreError):
     """A lease id that is unknown, already released or expired."""
 

@@ -11,9 +11,10 @@ from kvstore.metrics import TierStats
 class Lease:
     """Pins the pages of a lookup until released or until ``expires_at`` (monotonic seconds)."""
 
-    id: int
+    id: int  # unique in the process
     keys: tuple[bytes, ...]
     expires_at: float
+    owner: int = 0  # the lease table (store) that granted it; another store refuses it
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,17 @@
 """TieredStore: ordered tiers, their eviction policies, write policies, promotion, leases,
-prefetch.
+prefetch, and the staging path connectors load and save through.
 
 Tiers are ordered fastest first (``tiers[0]`` is where ``put`` writes by default). Each tier
 has its own :class:`EvictionPolicy`.
 
-Invariants (``check_integrity`` asserts them):
+Invariants (``check_integrity`` asserts them, between operations):
 
-1. ``len(policy) <= capacity``, and every key a tier's policy tracks is stored in that tier —
-   except in a shared tier (Redis), where other nodes delete pages; the store learns of that
-   on the next read. A tier may hold keys its policy does not track transiently (between a
-   write and its ``insert``) or when another process wrote them.
-2. A pinned key (held by an unexpired lease) is never chosen as a victim.
+1. ``len(policy) <= capacity``; in a tier that only this store writes (not ``shared``), the
+   policy tracks exactly the pages the tier holds. A shared tier (Redis) is written and purged
+   by other nodes too: its policy is this node's budget, corrected on the next read.
+2. A pinned key (held by an unexpired lease) is never deleted by eviction: a victim that a
+   lease pinned after it was chosen is kept (the write that wanted its room is refused
+   instead).
 3. A page's bytes come only from a tier read of that exact key and namespace: the store never
    returns a buffer whose read reported a miss.
 
@@ -18,29 +19,24 @@ Write policies decide when a page is copied to the next tier down:
 
 * ``write_through`` — as soon as it is written to a tier, into every tier below it;
 * ``write_back``    — when it is evicted from a tier, into the next one;
-* ``selective``     — once it has been hit ``selective_hits`` times in a tier, into the next one.
+* ``selective``     — once it has been hit ``selective_hits`` times in a tier, into the next one
+  (in the background).
 
 A page already present in the destination is never written again. With ``promote_on_hit``, a
-page read from a lower tier is copied into ``tiers[0]``.
+page read from a lower tier is copied into ``tiers[0]`` in the background.
 
-Read bandwidth: every tier read the store makes (gets, prefetches, copies down) that returns at
-least one page updates that tier's exponentially weighted average of bytes/s of pages read
-(``bandwidth_alpha`` weighs the newest sample). :meth:`read_bandwidth` reports it (None until a
-first successful read); connectors weigh it against recompute speed (load-or-recompute).
-
-Concurrency: one lock guards policies, leases and hit counts. Page copies of gets and puts run
-outside it — tiers are thread-safe and a tier read of a concurrently deleted key is a miss, never
-other bytes. A put that must make room chooses its victims under the lock, then writes them back
-(a copy down to a slower tier: disk, Redis) *outside* it, so a save that triggers write-back
-never holds up lookups, leases or gets of other threads (an engine's next step); a victim
-leased meanwhile is kept, not deleted. Explicit eviction (``evict``, an engine pool reclaiming
-blocks) writes back under the lock.
+Concurrency: one lock guards policies, leases, room accounting and hit counts; it is never held
+during a page copy or tier I/O (local index checks excepted). A writer *claims* room under the
+lock (choosing victims), writes the victims back and deletes them outside it, then writes its
+pages and publishes them to the policy under the lock again. Victims between choice and delete
+are *retiring*: a read hit does not re-admit them, a lease taken meanwhile spares them. A
+``get`` never waits for a write-back: its promotions and ``selective`` copies run on the
+store's background mover thread (:meth:`drain` waits for them).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -49,18 +45,27 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from kvstore.bandwidth import BandwidthMeter
 from kvstore.buffers import aligned_pages, page_views
-from kvstore.errors import InvalidArgument, LeaseError
+from kvstore.errors import InvalidArgument, LeaseError, StoreClosed
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
+from kvstore.leases import LeaseTable
 from kvstore.metrics import Metrics
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
+from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.tiers.base import Tier, check_keys
 from kvstore.tiers.hbm_owner import OwnedPool
+from kvstore.tiers.slab import SlabSlots
+
+log = logging.getLogger(__name__)
 
 WritePolicy = Literal["write_through", "write_back", "selective"]
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "selective")
+COPY_REASONS = ("write_through", "write_back", "selective", "promote", "promote_skipped", "prefetch")
+#: background copies (promotions, selective copies) queued at most; more are skipped, counted
+MAX_BACKGROUND = 64
 
 
 class TieredStore:
@@ -91,12 +96,8 @@ class TieredStore:
             raise InvalidArgument(
                 f"unknown write policy {write_policy!r}", hint=f"use one of {list(WRITE_POLICIES)}"
             )
-        if selective_hits < 1:
-            raise InvalidArgument(f"selective_hits must be >= 1, got {selective_hits}")
-        if lease_ttl_s <= 0:
-            raise InvalidArgument(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
-        if not 0.0 < bandwidth_alpha <= 1.0:
-            raise InvalidArgument(f"bandwidth_alpha must be in (0, 1], got {bandwidth_alpha!r}")
+        _check_count("selective_hits", selective_hits, 1)
+        _check_count("prefetch_workers", prefetch_workers, 1)
         specs: Sequence[EvictionPolicy | str] = policies or ["lru"] * len(tiers)
         if len(specs) != len(tiers):
             raise InvalidArgument(f"{len(tiers)} tiers but {len(specs)} policies")
@@ -109,19 +110,23 @@ class TieredStore:
         self.write_policy = write_policy
         self.selective_hits = selective_hits
         self.promote_on_hit = promote_on_hit
-        self.lease_ttl_s = lease_ttl_s
         self.metrics = metrics if metrics is not None else tiers[0].metrics
-        self._clock = clock  # injectable so tests can expire leases without sleeping
+        self._leases = LeaseTable(lease_ttl_s, clock, self.metrics)
+        self.lease_ttl_s = self._leases.ttl_s
+        self._bw = BandwidthMeter(bandwidth_alpha)
         self._by_name = {t.name: i for i, t in enumerate(tiers)}
         self._lock = threading.RLock()
-        self._pins: dict[bytes, int] = {}
-        self._leases: dict[int, Lease] = {}
-        self._lease_heap: list[tuple[float, int]] = []
-        self._lease_ids = itertools.count(1)
         self._hits: list[dict[bytes, int]] = [{} for _ in tiers]
-        self._bw_alpha = bandwidth_alpha
-        self._bw: dict[str, float] = {}  # tier name -> EWMA of read bytes/s
+        self._claimed = [0] * len(tiers)  # room claimed by writers that have not published yet
+        self._retiring: list[set[bytes]] = [set() for _ in tiers]  # chosen, not yet deleted
+        self._loads: dict[int, LoadHandle] = {}
+        self._stores: dict[int, StoreHandle] = {}
+        self._writing: list[set[bytes]] = [set() for _ in tiers]  # keys of open store handles
+        self._handle_ids = iter(range(1, 1 << 62))
+        self._closed = False
         self._executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
+        self._mover = ThreadPoolExecutor(1, thread_name_prefix="kvstore-mover")
+        self._moving: set[Future[Any]] = set()
         self._m_lookup_hit = self.metrics.lookups.labels("hit")
         self._m_lookup_miss = self.metrics.lookups.labels("miss")
         # Warm tiers (a disk index reopened after a restart) seed their policies.
@@ -143,6 +148,7 @@ class TieredStore:
         With ``lease=True`` the hit pages are pinned (never evicted) until :meth:`release` or
         until ``lease_ttl_s`` passes, so a load that follows cannot race eviction.
         """
+        self._check_open()
         check_keys(keys)
         t0 = time.perf_counter()
         tiers: list[str] = []
@@ -164,75 +170,32 @@ class TieredStore:
                 break
         granted: Lease | None = None
         if lease and pos:
-            granted = self._new_lease(tuple(keys[:pos]))
+            with self._lock:
+                granted = self._leases.grant(keys[:pos])
         self._m_lookup_hit.inc(pos)
         self._m_lookup_miss.inc(n - pos)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         return LookupResult(pos, tuple(tiers), granted)
 
     def release(self, lease: Lease | int) -> None:
-        """Unpin a lease's pages. Releasing an expired or unknown lease raises LeaseError."""
-        lease_id = lease if isinstance(lease, int) else lease.id
+        """Unpin a lease's pages. Raises LeaseError for an expired, released or unknown lease
+        and InvalidArgument for another store's lease; neither changes anything."""
+        self._check_open()
         with self._lock:
-            self._expire_leases()
-            held = self._leases.pop(lease_id, None)
-            if held is None:
-                raise LeaseError(
-                    f"lease {lease_id} is unknown, released or expired",
-                    hint="load within lease_ttl_s of the lookup, or raise lease_ttl_s",
-                )
-            self._unpin(held.keys)
-            self.metrics.leases.labels("released").inc()
+            self._leases.release(lease)
 
     def narrow(self, lease: Lease, n: int) -> Lease:
         """Keep only the first ``n`` keys of ``lease`` pinned (a caller that will load fewer
         pages than it looked up must not keep the rest from eviction). Returns the narrowed
         lease (same id and expiry). Raises LeaseError for an expired or unknown lease."""
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(lease.keys):
-            raise InvalidArgument(f"n must be an int in [0, {len(lease.keys)}], got {n!r}")
+        self._check_open()
         with self._lock:
-            self._expire_leases()
-            held = self._leases.get(lease.id)
-            if held is None:
-                raise LeaseError(f"lease {lease.id} is unknown, released or expired")
-            narrowed = Lease(held.id, held.keys[:n], held.expires_at)
-            self._unpin(held.keys[n:])
-            self._leases[held.id] = narrowed
-            return narrowed
+            return self._leases.narrow(lease, n)
 
     def is_pinned(self, key: bytes) -> bool:
         with self._lock:
-            self._expire_leases()
-            return key in self._pins
-
-    def _new_lease(self, keys: tuple[bytes, ...]) -> Lease:
-        with self._lock:
-            self._expire_leases()
-            held = Lease(next(self._lease_ids), keys, self._clock() + self.lease_ttl_s)
-            self._leases[held.id] = held
-            heapq.heappush(self._lease_heap, (held.expires_at, held.id))
-            for k in keys:
-                self._pins[k] = self._pins.get(k, 0) + 1
-            self.metrics.leases.labels("granted").inc()
-            return held
-
-    def _expire_leases(self) -> None:
-        now = self._clock()
-        heap = self._lease_heap
-        while heap and heap[0][0] <= now:
-            _, lease_id = heapq.heappop(heap)
-            held = self._leases.pop(lease_id, None)
-            if held is not None:
-                self._unpin(held.keys)
-                self.metrics.leases.labels("expired").inc()
-
-    def _unpin(self, keys: Sequence[bytes]) -> None:
-        for k in keys:
-            left = self._pins[k] - 1
-            if left:
-                self._pins[k] = left
-            else:
-                del self._pins[k]
+            self._leases.expire()
+            return key in self._leases.pins
 
     # ----------------------------------------------------------------- put
 
@@ -240,9 +203,11 @@ class TieredStore:
         """Store pages under their blocks' identities in ``tier`` (default: the fastest).
 
         ``pages``: see :func:`kvstore.buffers.page_views`. Pages whose key the tier already holds
-        are not written again (they count as an access). Raises InvalidArgument before anything
-        changes if an argument is malformed.
+        are not written again (they count as an access). ``refused`` counts pages the tier (or,
+        under write-through, a tier below) could not take. Raises InvalidArgument before
+        anything changes if an argument is malformed.
         """
+        self._check_open()
         ti = self._tier_index(tier)
         _check_metas(metas, self.layout)
         views = page_views(pages, self.layout, len(metas), writable=False)
@@ -265,74 +230,112 @@ class TieredStore:
         new_m, new_v = [], []
         seen: set[bytes] = set()
         with self._lock:
+            writing = self._writing[ti]
             for meta, view, here in zip(metas, views, present):
-                if here or meta.key in seen:
+                if here or meta.key in seen or meta.key in writing:
                     policy.access(meta.key)
                     continue
                 seen.add(meta.key)
                 new_m.append(meta)
                 new_v.append(view)
-            victims = self._choose_victims(ti, len(new_m))
+            victims, claim = self._claim(ti, len(new_m))
         if victims:
-            self._retire(ti, victims)
-        stored = tier.write(new_m, new_v) if new_m else []
-        ok_m = [m for m, ok in zip(new_m, stored) if ok]
-        ok_v = [v for v, ok in zip(new_v, stored) if ok]
-        with self._lock:
-            for meta in ok_m:
-                if len(policy) >= policy.capacity:  # lost a race for room: stay within capacity
-                    self._make_room(ti, 1)
-                policy.insert(meta.key, meta.parent)
+            claim = self._retire(ti, victims, claim)
+        write_m, write_v = new_m[:claim], new_v[:claim]
+        try:
+            stored = tier.write(write_m, write_v) if write_m else []
+        finally:
+            with self._lock:
+                self._claimed[ti] -= claim
+        ok_m = [m for m, ok in zip(write_m, stored) if ok]
+        ok_v = [v for v, ok in zip(write_v, stored) if ok]
+        self._admit(ti, ok_m)
+        refused = len(new_m) - len(ok_m)
         if self.write_policy == "write_through" and ok_m and ti + 1 < len(self.tiers):
             self.metrics.copies.labels("write_through", self.tiers[ti + 1].name).inc(len(ok_m))
-            self._store_into(ti + 1, ok_m, ok_v)
-        return PutResult(len(ok_m), len(metas) - len(new_m), len(new_m) - len(ok_m))
+            refused += self._store_into(ti + 1, ok_m, ok_v).refused
+        return PutResult(len(ok_m), len(metas) - len(new_m), refused)
 
-    def _make_room(self, ti: int, n: int) -> None:
-        """Evict from tier ``ti`` until ``n`` more pages fit (fewer if too much is pinned).
-        Called with the lock held."""
-        victims = self._choose_victims(ti, n)
-        if victims:
-            self._retire(ti, victims)
+    def _admit(self, ti: int, metas: Sequence[BlockMeta]) -> None:
+        """Track pages just written to tier ``ti`` (their room was claimed)."""
+        if not metas:
+            return
+        policy = self.policies[ti]
+        with self._lock:
+            for meta in metas:
+                if meta.key in policy:
+                    policy.access(meta.key)
+                elif len(policy) < policy.capacity:
+                    policy.insert(meta.key, meta.parent)
+
+    def _claim(self, ti: int, n: int) -> tuple[list[bytes], int]:
+        """Claim room for ``n`` more pages in tier ``ti`` (lock held): choose the victims whose
+        deletion makes it, and return them with the number of pages claimed (fewer than ``n``
+        when pinned pages leave no more to evict). The caller retires the victims outside the
+        lock and gives the claim back once it has admitted what it wrote."""
+        if n <= 0:
+            return [], 0
+        tier, policy = self.tiers[ti], self.policies[ti]
+        claimed, retiring = self._claimed[ti], self._retiring[ti]
+        need = max(claimed + n - tier.free_pages - len(retiring),
+                   len(policy) + claimed + n - policy.capacity)
+        victims: list[bytes] = []
+        if need > 0:
+            victims = self._choose_victims(ti, need)
+        claim = max(0, min(n, policy.capacity - len(policy) - claimed))
+        self._claimed[ti] += claim
+        return victims, claim
 
     def _choose_victims(self, ti: int, n: int) -> list[bytes]:
-        """Take victims for ``n`` more pages out of tier ``ti``'s policy (lock held). They stay
-        in the tier until :meth:`_retire` writes them back and deletes them."""
+        """Take up to ``n`` victims out of tier ``ti``'s policy (lock held); they are retiring
+        until :meth:`_retire` deletes them."""
         tier, policy = self.tiers[ti], self.policies[ti]
-        need = max(n - tier.free_pages, len(policy) + n - policy.capacity)
-        if need <= 0:
-            return []
-        self._expire_leases()
-        pins = self._pins
+        self._leases.expire()
+        pins = self._leases.pins
         if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
             in_use = tier.is_in_use
-            victims = cast("list[bytes]", policy.evict(need, lambda k: k in pins or in_use(k)))
+            victims = cast("list[bytes]", policy.evict(n, lambda k: k in pins or in_use(k)))
         else:
-            victims = cast("list[bytes]", policy.evict(need, pins.__contains__))
+            victims = cast("list[bytes]", policy.evict(n, pins.__contains__))
         hits = self._hits[ti]
         for k in victims:
             hits.pop(k, None)
+        self._retiring[ti].update(victims)
         return victims
 
-    def _retire(self, ti: int, victims: list[bytes]) -> None:
-        """Write ``victims`` back (write-back policy) and delete them from tier ``ti``. Runs with
-        or without the lock; the delete itself is under it, and spares a victim that a lease
-        pinned since it was chosen (it goes back into the policy, if the policy has room: else
-        it is deleted all the same -- a failed load is recomputed, a leaked slot never returns)."""
+    def _retire(self, ti: int, victims: list[bytes], claim: int = 0) -> int:
+        """Write ``victims`` back (write-back policy) and delete them from tier ``ti``. Called
+        without the lock. A victim that a lease pinned since it was chosen is kept and goes back
+        into the policy; the room it would have freed is taken off ``claim``, whose remainder
+        is returned (the writer that claimed it writes that many pages)."""
         tier, policy = self.tiers[ti], self.policies[ti]
         if ti + 1 < len(self.tiers) and self.write_policy == "write_back":
-            self._copy_down(ti, victims, "write_back")
+            try:
+                self._copy_down(ti, victims, "write_back")
+            except Exception:  # noqa: BLE001 - a failed write-back loses a copy, not the tier
+                log.exception("write-back from tier %r failed", tier.name)
         with self._lock:
-            self._expire_leases()
-            gone = []
+            self._leases.expire()
+            pins, retiring = self._leases.pins, self._retiring[ti]
+            gone, spared = [], 0
             for k in victims:
-                meta = tier.meta(k) if k in self._pins and len(policy) < policy.capacity else None
+                retiring.discard(k)
+                if k in policy:
+                    continue  # re-admitted meanwhile by a write of the same key: it stays
+                meta = tier.meta(k) if k in pins else None
                 if meta is not None:
                     policy.insert(k, meta.parent)
+                    spared += 1
                 else:
                     gone.append(k)
+            give_up = min(spared, claim)
+            self._claimed[ti] -= give_up
+            if not tier.shared:
+                tier.delete(gone)
+        if tier.shared:  # network I/O: outside the lock (its policy is a budget, see above)
             tier.delete(gone)
-            tier.count_eviction(len(gone))
+        tier.count_eviction(len(gone))
+        return claim - give_up
 
     def _copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
         """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present."""
@@ -358,14 +361,14 @@ class TieredStore:
 
     def _adopt(self, ti: int, metas: Sequence[BlockMeta]) -> None:
         """Track pages an engine committed in pool tier ``ti`` as if they had been put there
-        (write-through copies them down at once)."""
+        (write-through copies them down, in the background)."""
         with self._lock:
             policy = self.policies[ti]
             for meta in metas:
-                if len(policy) < policy.capacity:
+                if meta.key not in policy and len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
-            if self.write_policy == "write_through" and ti + 1 < len(self.tiers):
-                self._copy_down(ti, [m.key for m in metas], "write_through")
+        if self.write_policy == "write_through" and ti + 1 < len(self.tiers):
+            self._background(self._copy_down, ti, [m.key for m in metas], "write_through")
 
     # ----------------------------------------------------------------- get
 
@@ -379,17 +382,24 @@ class TieredStore:
     ) -> GetResult:
         """Read pages into ``out`` (see :func:`kvstore.buffers.page_views`), each from the
         fastest tier that holds it. Buffers of keys reported not found hold unspecified bytes.
-        With ``lease``, the lease is released afterwards (also when the read fails)."""
+        With ``lease``, the lease is released afterwards (also when the read fails); a lease of
+        another store is refused before anything is read. Promotions and ``selective`` copies
+        the read causes run in the background: a get never waits for a write-back."""
+        self._check_open()
+        if lease is not None:
+            with self._lock:
+                if not isinstance(lease, Lease) or lease.owner != self._leases.owner:
+                    self._leases.release(lease)  # raises, naming the problem
         try:
             check_keys(keys)
-            if len(namespace_id) != KEY_BYTES:
-                raise InvalidArgument(f"namespace id must be {KEY_BYTES} bytes")
+            _check_namespace(namespace_id)
             views = page_views(out, self.layout, len(keys), writable=True)
             return self._get(namespace_id, list(keys), views)
         finally:
             if lease is not None:
                 try:
-                    self.release(lease)
+                    with self._lock:
+                        self._leases.release(lease)
                 except LeaseError:
                     pass  # expired during the load: the pages were read (or missed) anyway
 
@@ -406,27 +416,49 @@ class TieredStore:
                 found[i] = tier.name
             self._after_read(ti, [keys[i] for i in hit_idx], miss_keys)
             if ti > 0 and hit_idx and self.promote_on_hit:
-                metas = [tier.meta(keys[i]) for i in hit_idx]
-                pairs = [(m, views[i]) for m, i in zip(metas, hit_idx) if m is not None]
-                if pairs:
-                    self.metrics.copies.labels("promote", self.tiers[0].name).inc(len(pairs))
-                    self._store_into(0, [p[0] for p in pairs], [p[1] for p in pairs])
+                self._promote_later(tier, [keys[i] for i in hit_idx], [views[i] for i in hit_idx])
             todo = [i for i, f in zip(todo, ok) if not f]
         return GetResult(tuple(f is not None for f in found), tuple(found))
 
+    def _promote_later(self, src: Tier, keys: list[bytes], views: list[np.ndarray]) -> None:
+        """Copy pages just read from ``src`` into ``tiers[0]`` on the mover thread (from a
+        private copy: the caller owns its buffers once the get returns)."""
+        metas = [src.meta(k) for k in keys]
+        pairs = [(m, v) for m, v in zip(metas, views) if m is not None]
+        if not pairs:
+            return
+        top = self.tiers[0].name
+        if len(self._moving) >= MAX_BACKGROUND:
+            self.metrics.copies.labels("promote_skipped", top).inc(len(pairs))
+            return
+        bufs = _scratch(len(pairs), self.layout.page_bytes)
+        for buf, (_, v) in zip(bufs, pairs):
+            np.copyto(buf, v)
+        self.metrics.copies.labels("promote", top).inc(len(pairs))
+        self._background(self._store_into, 0, [m for m, _ in pairs], bufs)
+
     def _after_read(self, ti: int, hit_keys: list[bytes], miss_keys: list[bytes]) -> None:
-        policy = self.policies[ti]
+        """Feed a read's hits and misses to tier ``ti``'s policy; schedule ``selective``
+        copies down."""
+        tier, policy = self.tiers[ti], self.policies[ti]
         promote_down: list[bytes] = []
         with self._lock:
-            for k in miss_keys:
-                # The tier no longer holds it (a failed check dropped it, a TTL expired it).
-                if k in policy:
-                    policy.remove(k)
+            retiring = self._retiring[ti]
+            stale = [k for k in miss_keys if k in policy and k not in retiring]
+            if stale and not tier.shared:
+                # a miss may be stale: the page can have been written since the read missed it
+                stale = [k for k, here in zip(stale, tier.contains(stale)) if not here]
+            for k in stale:
+                policy.remove(k)  # a failed check dropped it, a TTL expired it, another deleted it
+            untracked = [k for k in hit_keys if k not in policy and k not in retiring]
+            if untracked and not tier.shared:
+                untracked = [k for k, here in zip(untracked, tier.contains(untracked)) if here]
             for k in hit_keys:
                 if k in policy:
                     policy.access(k)
-                elif len(policy) < policy.capacity:
-                    meta = self.tiers[ti].meta(k)
+            for k in untracked:
+                if len(policy) + self._claimed[ti] < policy.capacity:
+                    meta = tier.meta(k)
                     policy.insert(k, meta.parent if meta else None)
             if self.write_policy == "selective" and ti + 1 < len(self.tiers):
                 hits = self._hits[ti]
@@ -435,8 +467,227 @@ class TieredStore:
                     hits[k] = count
                     if count == self.selective_hits:
                         promote_down.append(k)
-            if promote_down:
-                self._copy_down(ti, promote_down, "selective")
+        if promote_down:
+            self._background(self._copy_down, ti, promote_down, "selective")
+
+    # ----------------------------------------------------------------- background copies
+
+    def _background(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the mover thread (in submission order)."""
+        if self._closed:
+            return
+        fut = self._mover.submit(self._guarded, fn, *args)
+        with self._lock:
+            self._moving.add(fut)
+        fut.add_done_callback(self._moved)
+
+    def _moved(self, fut: Future[Any]) -> None:
+        with self._lock:
+            self._moving.discard(fut)
+
+    @staticmethod
+    def _guarded(fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a background copy that fails loses a copy, no more
+            log.exception("background copy %s failed", getattr(fn, "__name__", fn))
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until the background copies queued so far (promotions, ``selective`` and
+        write-through copies down) have run. Returns False if ``timeout_s`` passed first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                pending = list(self._moving)
+            if not pending:
+                return True
+            for fut in pending:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    fut.result(timeout=left)
+                except TimeoutError:
+                    return False
+                except Exception:  # noqa: BLE001 - logged by _guarded
+                    pass
+
+    # ----------------------------------------------------------------- staging path
+
+    def staging_tier(self, name: str | None = None) -> SlabSlots:
+        """The tier loads and saves stage through: ``name``, or the fastest tier with page slots
+        in one slab (the host tier). Raises InvalidArgument if there is none or ``name`` is
+        another kind of tier."""
+        self._check_open()
+        if name is None:
+            for tier in self.tiers:
+                if isinstance(tier, SlabSlots):
+                    return tier
+            raise InvalidArgument(
+                "no tier of this store keeps its pages in a slab",
+                hint="add a host tier: loads and saves stage through it",
+            )
+        tier = self.tiers[self._tier_index(name)]
+        if not isinstance(tier, SlabSlots):
+            raise InvalidArgument(
+                f"tier {name!r} is a {type(tier).__name__}, not a tier with slab slots",
+                hint="name the store's host tier",
+            )
+        return tier
+
+    def prepare_load(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        *,
+        lease: Lease | None = None,
+        tier: str | None = None,
+    ) -> LoadHandle:
+        """Pin the leading ``keys`` that the staging tier (``tier``, default the host tier)
+        holds under ``namespace_id``, for a copy straight out of its slab.
+
+        Mutates: pins each returned slot (its bytes stay until :meth:`complete_load`, even if
+        the key is deleted or replaced meanwhile); counts the pinned pages as the tier's read
+        hits (and their bytes) and the rest as misses; touches the tier's policy for each hit
+        and counts ``selective`` hits (a page reaching ``selective_hits`` is copied down in the
+        background). ``lease`` (from :meth:`lookup`) rides along and is released by
+        :meth:`complete_load`. Pages below the staging tier are not fetched: prefetch them first.
+
+        Raises InvalidArgument (malformed keys or namespace id, another store's lease, no slab
+        tier) and StoreClosed, changing nothing. A handle does not expire: its pins hold until
+        :meth:`complete_load` (only a lease expires, which leaves the pins in place).
+        """
+        self._check_open()
+        check_keys(keys)
+        _check_namespace(namespace_id)
+        if lease is not None and (not isinstance(lease, Lease) or lease.owner != self._leases.owner):
+            raise InvalidArgument("prepare_load was given another store's lease",
+                                  hint="pass the lease of this store's lookup")
+        slab_tier = self.staging_tier(tier)
+        t = cast(Tier, slab_tier)
+        ti = self._by_name[t.name]
+        slots = slab_tier.pin_leading(list(keys), namespace_id)
+        n = len(slots)
+        t.count_reads(n, len(keys) - n)
+        handle = LoadHandle(next(self._handle_ids), self._leases.owner, t.name, namespace_id,
+                            tuple(keys[:n]), tuple(slots), lease, slab_tier.slab)
+        with self._lock:
+            self._loads[handle.id] = handle
+        self._after_read(ti, list(keys[:n]), [])
+        return handle
+
+    def complete_load(self, handle: LoadHandle) -> int:
+        """End a load: unpin the handle's slots and release its lease (an expired lease is no
+        error). Returns how many leading pages of the handle were valid while pinned -- all of
+        them: a pinned slot keeps its bytes. Raises LeaseError for a handle that is unknown or
+        already completed, InvalidArgument for another store's handle."""
+        held = self._pop_handle(self._loads, handle, "load")
+        cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
+        if held.lease is not None:
+            try:
+                with self._lock:
+                    self._leases.release(held.lease)
+            except LeaseError:
+                pass  # expired: the pins kept the bytes anyway
+        return held.num_blocks
+
+    def prepare_store(self, metas: Sequence[BlockMeta], *, tier: str | None = None) -> StoreHandle:
+        """Reserve staging-tier slots (``tier``, default the host tier) for the pages of
+        ``metas``, to be written straight into the slab.
+
+        Pages the tier already holds, or that another open handle is writing, are not reserved
+        (``existing``; each counts as an access). Room is made by the tier's policy: victims are
+        chosen under the store lock and written back (``write_back``) and deleted outside it,
+        so this call may take as long as a write-back. ``refused`` counts pages no room could be
+        made for (everything evictable pinned). Reserved slots are invisible to readers and
+        nobody else's until :meth:`complete_store` publishes them or :meth:`abort` frees them;
+        they do not expire (a writer that dies must be aborted by whoever tracked it: the
+        daemon aborts a disconnected client's handles).
+
+        Raises InvalidArgument (malformed identities, no slab tier) and StoreClosed, changing
+        nothing.
+        """
+        self._check_open()
+        _check_metas(metas, self.layout)
+        slab_tier = self.staging_tier(tier)
+        t = cast(Tier, slab_tier)
+        ti = self._by_name[t.name]
+        policy = self.policies[ti]
+        metas = list(metas)
+        present = t.contains([m.key for m in metas]) if metas else []
+        new: list[BlockMeta] = []
+        with self._lock:
+            writing, seen = self._writing[ti], set()
+            for meta, here in zip(metas, present):
+                if here or meta.key in writing or meta.key in seen:
+                    policy.access(meta.key)
+                    continue
+                seen.add(meta.key)
+                new.append(meta)
+            new = new[: t.capacity_pages]
+            victims, claim = self._claim(ti, len(new))
+            writing.update(m.key for m in new[:claim])
+        if victims:
+            kept = self._retire(ti, victims, claim)
+            if kept < claim:
+                with self._lock:
+                    writing.difference_update(m.key for m in new[kept:claim])
+            claim = kept
+        slots = slab_tier.reserve(claim)
+        if len(slots) < claim:  # physically short (pages still being read): give the rest up
+            with self._lock:
+                self._claimed[ti] -= claim - len(slots)
+                writing.difference_update(m.key for m in new[len(slots):claim])
+        got = tuple(new[: len(slots)])
+        handle = StoreHandle(next(self._handle_ids), self._leases.owner, t.name, got,
+                             tuple(slots), len(metas) - len(new), len(new) - len(got),
+                             slab_tier.slab)
+        t.count_writes(0, handle.refused)
+        with self._lock:
+            self._stores[handle.id] = handle
+        return handle
+
+    def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
+        """Publish the handle's slots under their keys (``ok``: every byte of each was written),
+        admit them to the tier's policy and apply write-through; with ``ok=False`` it is
+        :meth:`abort`. Returns what was stored. Raises LeaseError for a handle that is unknown
+        or already completed, InvalidArgument for another store's handle."""
+        if not ok:
+            self.abort(handle)
+            return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
+        held = self._pop_handle(self._stores, handle, "store")
+        ti = self._by_name[held.tier]
+        t = self.tiers[ti]
+        cast(SlabSlots, t).publish(held.slots, held.metas)
+        t.count_writes(held.num_blocks)
+        with self._lock:
+            self._claimed[ti] -= held.num_blocks
+            self._writing[ti].difference_update(m.key for m in held.metas)
+        self._admit(ti, held.metas)
+        if self.write_policy == "write_through" and held.metas and ti + 1 < len(self.tiers):
+            views = [held.slab[s] for s in held.slots]
+            self.metrics.copies.labels("write_through", self.tiers[ti + 1].name).inc(len(views))
+            self._store_into(ti + 1, list(held.metas), views)
+        return PutResult(held.num_blocks, held.existing, held.refused)
+
+    def abort(self, handle: StoreHandle) -> None:
+        """Free the handle's reserved slots unpublished (nothing of it becomes visible). Raises
+        LeaseError for a handle that is unknown or already completed."""
+        held = self._pop_handle(self._stores, handle, "store")
+        ti = self._by_name[held.tier]
+        cast(SlabSlots, self.tiers[ti]).unreserve(held.slots)
+        with self._lock:
+            self._claimed[ti] -= held.num_blocks
+            self._writing[ti].difference_update(m.key for m in held.metas)
+
+    def _pop_handle(self, table: dict[int, Any], handle: Any, kind: str) -> Any:
+        if not isinstance(handle, (LoadHandle, StoreHandle)):
+            raise InvalidArgument(f"expected a {kind} handle, got {type(handle).__name__}")
+        if handle.owner != self._leases.owner:
+            raise InvalidArgument(f"{kind} handle {handle.id} was issued by another store")
+        with self._lock:
+            held = table.pop(handle.id, None)
+        if held is None:
+            raise LeaseError(f"{kind} handle {handle.id} is unknown or already completed")
+        return held
 
     # ----------------------------------------------------------------- read bandwidth
 
@@ -446,29 +697,23 @@ class TieredStore:
         """``tier.read``, feeding the tier's bandwidth average when it returned pages."""
         t0 = time.perf_counter()
         found = tier.read(ns, keys, outs)
-        elapsed = time.perf_counter() - t0
-        hits = sum(found)
-        if hits:
-            sample = hits * self.layout.page_bytes / max(elapsed, 1e-9)
-            with self._lock:
-                old = self._bw.get(tier.name)
-                a = self._bw_alpha
-                self._bw[tier.name] = sample if old is None else a * sample + (1 - a) * old
+        self._bw.sample(tier.name, sum(found) * self.layout.page_bytes, time.perf_counter() - t0)
         return found
 
     def read_bandwidth(self, tier_name: str) -> float | None:
         """Measured read bandwidth of tier ``tier_name`` in bytes/s (an exponentially weighted
         average over the store's successful reads), or None before its first one."""
         self._tier_index(tier_name)  # raises InvalidArgument naming the tiers
-        with self._lock:
-            return self._bw.get(tier_name)
+        return self._bw.get(tier_name)
 
     # ----------------------------------------------------------------- prefetch, delete
 
     def prefetch(self, namespace_id: bytes, keys: Sequence[bytes], *, to: str | None = None) -> Future[int]:
         """Copy ``keys`` held in slower tiers into tier ``to`` (default: the fastest) in the
         background. The future yields how many leading keys ``to`` holds when done."""
+        self._check_open()
         check_keys(keys)
+        _check_namespace(namespace_id)
         ti = self._tier_index(to)
         keys = list(keys)
         return self._executor.submit(self._prefetch, namespace_id, keys, ti)
@@ -497,34 +742,48 @@ class TieredStore:
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove keys from every tier. Returns how many tier copies were deleted."""
+        self._check_open()
         check_keys(keys)
+        keys = list(keys)
         n = 0
+        shared = []
         with self._lock:
             for ti, tier in enumerate(self.tiers):
                 for k in keys:
                     self.policies[ti].remove(k)
                     self._hits[ti].pop(k, None)
-                n += tier.delete(list(keys))
+                if tier.shared:
+                    shared.append(tier)
+                else:  # local index updates, under the lock so policy and tier agree
+                    n += tier.delete(keys)
+        for tier in shared:  # network I/O outside the lock
+            n += tier.delete(keys)
         return n
 
     def evict(self, n: int, *, tier: str | None = None) -> int:
-        """Evict up to ``n`` pages from ``tier`` by its policy (write-back applies)."""
+        """Evict up to ``n`` pages from ``tier`` by its policy (write-back applies, outside the
+        store lock). Returns how many pages left the tier."""
+        self._check_open()
+        _check_count("n", n, 0)
         ti = self._tier_index(tier)
         with self._lock:
-            before = self.tiers[ti].used_pages
-            self._make_room(ti, self.tiers[ti].free_pages + n)
-            return before - self.tiers[ti].used_pages
+            victims = self._choose_victims(ti, n)
+        if not victims:
+            return 0
+        before = self.tiers[ti].used_pages
+        self._retire(ti, victims)
+        return max(0, before - self.tiers[ti].used_pages)
 
     # ----------------------------------------------------------------- introspection
 
     def stats(self) -> StoreStats:
+        self._check_open()
         with self._lock:
-            self._expire_leases()
             leases = len(self._leases)
         v = self.metrics.value
         copies = {
             f"{reason}->{t.name}": int(v("kvstore_copies_total", reason=reason, tier=t.name))
-            for reason in ("write_through", "write_back", "selective", "promote", "prefetch")
+            for reason in COPY_REASONS
             for t in self.tiers
         }
         return StoreStats(
@@ -536,29 +795,44 @@ class TieredStore:
         )
 
     def check_integrity(self) -> None:
-        """Assert the invariants in the module docstring. For tests and debugging."""
+        """Assert the invariants in the module docstring (between operations: a put or staging
+        handle in flight holds room it has not published); waits for background copies first.
+        For tests and debugging."""
+        self._check_open()
+        self.drain()
         with self._lock:
-            self._expire_leases()
-            for tier, policy in zip(self.tiers, self.policies):
+            self._leases.check()
+            for ti, (tier, policy) in enumerate(zip(self.tiers, self.policies)):
                 assert len(policy) <= policy.capacity, f"{tier.name}: policy over capacity"
                 assert tier.used_pages <= tier.capacity_pages, f"{tier.name}: over capacity"
+                assert not self._retiring[ti], f"{tier.name}: victims left retiring"
                 if tier.shared:
                     continue  # other nodes delete its pages; the policy learns on the next read
                 tracked = cast("list[bytes]", list(policy))
                 held = tier.contains(tracked) if tracked else []
                 lost = [k.hex() for k, h in zip(tracked, held) if not h]
                 assert not lost, f"{tier.name}: policy tracks keys the tier lacks: {lost[:3]}"
-            pins: dict[bytes, int] = {}
-            for held_lease in self._leases.values():
-                for k in held_lease.keys:
-                    pins[k] = pins.get(k, 0) + 1
-            assert pins == self._pins, "pin counts disagree with active leases"
+                if not isinstance(tier, OwnedPool):  # an engine's pool holds blocks it computes
+                    known = set(tracked)
+                    stray = [k.hex() for k in tier.keys() if k not in known]
+                    assert not stray, f"{tier.name}: pages no policy tracks: {stray[:3]}"
 
     def tier(self, name: str) -> Tier:
         return self.tiers[self._tier_index(name)]
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
+        """Finish background copies, stop the store's threads and close every tier. Every later
+        call raises StoreClosed. Idempotent."""
+        if self._closed:
+            return
+        self.drain()
+        self._closed = True
         self._executor.shutdown(wait=True)
+        self._mover.shutdown(wait=True)
         for t in self.tiers:
             if isinstance(t, OwnedPool):
                 t.attach(None)
@@ -570,12 +844,16 @@ class TieredStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed()
+
     def _tier_index(self, name: str | None) -> int:
         if name is None:
             return 0
         try:
             return self._by_name[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise InvalidArgument(
                 f"no tier named {name!r}", hint=f"tiers are {list(self._by_name)}"
             ) from None
@@ -583,7 +861,8 @@ class TieredStore:
 
 class _PoolOwner:
     """The store as the owner of pool tier ``ti`` (see kvstore.tiers.hbm_owner): victims by the
-    tier's policy, written back per the write policy; commits and reuses feed the policy."""
+    tier's policy, written back per the write policy (outside the store lock); commits and
+    reuses feed the policy."""
 
     def __init__(self, store: TieredStore, ti: int) -> None:
         self._store, self._ti = store, ti
@@ -606,7 +885,25 @@ def _scratch(n: int, page_bytes: int) -> list[np.ndarray]:
     return list(aligned_pages(n, page_bytes))
 
 
+def _check_count(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidArgument(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_namespace(namespace_id: object) -> None:
+    if not isinstance(namespace_id, bytes) or len(namespace_id) != KEY_BYTES:
+        raise InvalidArgument(
+            f"namespace id must be {KEY_BYTES} bytes, got {namespace_id!r:.60}",
+            hint="pass Namespace.id",
+        )
+
+
 def _check_metas(metas: Sequence[BlockMeta], layout: KVLayout) -> None:
+    if isinstance(metas, (bytes, str)) or not isinstance(metas, Sequence):
+        raise InvalidArgument(
+            f"block identities must be a list or tuple of BlockMeta, got {type(metas).__name__}",
+            hint="use BlockChain.metas()",
+        )
     for m in metas:
         if not isinstance(m, BlockMeta):
             raise InvalidArgument(

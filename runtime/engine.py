@@ -129,9 +129,7 @@ class Engine:
                     "connector must be (KVConnectorScheduler, KVConnectorWorker), got "
                     f"({type(csched).__name__}, {type(worker).__name__})")
             worker.register_kv_caches(KVCacheSpec.page_first(pool.pool))
-            cstore = getattr(csched, "store", None)
-            save = not (isinstance(cstore, TieredStore) and cstore.write_policy == "write_through")
-            self.connector = EngineConnector(csched, worker, save)
+            self.connector = EngineConnector(csched, worker, csched.wants_saves)
         if load_or_recompute and (
             connector is None or not hasattr(connector[0], "recompute_tokens_per_s")
         ):
@@ -364,10 +362,8 @@ class Engine:
         if self.connector is None:
             return
         self.drain()
-        for side in (self.connector.worker, self.connector.scheduler):
-            close = getattr(side, "close", None)  # not part of the connector ABCs
-            if close is not None:
-                close()
+        self.connector.worker.close()
+        self.connector.scheduler.close()
 
     def generate(
         self,

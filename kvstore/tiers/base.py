@@ -114,9 +114,7 @@ class Tier(ABC):
             found = [False] * len(keys)
         self._m_lat["read"].observe(time.perf_counter() - t0)
         hits = sum(found)
-        self._m_hit.inc(hits)
-        self._m_miss.inc(len(keys) - hits)
-        self._m_bytes_out.inc(hits * self.layout.page_bytes)
+        self.count_reads(hits, len(keys) - hits)
         return found
 
     def write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
@@ -137,9 +135,7 @@ class Tier(ABC):
             stored = [False] * len(metas)
         self._m_lat["write"].observe(time.perf_counter() - t0)
         ok = sum(stored)
-        self._m_stored.inc(ok)
-        self._m_refused.inc(len(metas) - ok)
-        self._m_bytes_in.inc(ok * self.layout.page_bytes)
+        self.count_writes(ok, len(metas) - ok)
         self._update_occupancy()
         return stored
 
@@ -211,6 +207,20 @@ class Tier(ABC):
     def count_corrupt(self, reason: str) -> None:
         self.metrics.corrupt.labels(self.name, reason).inc()
 
+    def count_reads(self, hits: int, misses: int) -> None:
+        """Count pages read (hits, with their bytes) and missed -- by ``read``, and by the
+        store's staging path for loads that copy straight out of a slab."""
+        self._m_hit.inc(hits)
+        self._m_miss.inc(misses)
+        self._m_bytes_out.inc(hits * self.layout.page_bytes)
+
+    def count_writes(self, stored: int, refused: int = 0) -> None:
+        """Count pages stored (with their bytes) and refused -- by ``write``, and by the store's
+        staging path for pages published into a slab."""
+        self._m_stored.inc(stored)
+        self._m_refused.inc(refused)
+        self._m_bytes_in.inc(stored * self.layout.page_bytes)
+
     def count_eviction(self, n: int = 1) -> None:
         self.metrics.evictions.labels(self.name).inc(n)
 
@@ -275,6 +285,11 @@ def check_keys(keys: Sequence[bytes]) -> None:
     # Two C-speed passes instead of a Python loop: lookups of 2K-key prompts are hot.
     if isinstance(keys, (bytes, str)):
         raise InvalidArgument("keys must be a sequence of 16-byte keys, not a single key")
+    if not isinstance(keys, (list, tuple)):
+        raise InvalidArgument(
+            f"keys must be a list or tuple of 16-byte keys, got {type(keys).__name__}",
+            hint="pass BlockChain.keys (a generator can be read only once: make it a list)",
+        )
     if keys and (set(map(type, keys)) != {bytes} or set(map(len, keys)) != {KEY_BYTES}):
         bad = next(k for k in keys if type(k) is not bytes or len(k) != KEY_BYTES)
         raise InvalidArgument(

@@ -32,10 +32,11 @@ from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.ops import copy_spans
 from kvstore.tiers.base import Tier
+from kvstore.tiers.slab import SlabSlots
 from kvstore.tiers.slots import SlotReads
 
 
-class HostTier(SlotReads, Tier):
+class HostTier(SlotReads, SlabSlots, Tier):
     kind = "host"
 
     def __init__(
@@ -67,6 +68,12 @@ class HostTier(SlotReads, Tier):
         self._zombies: set[int] = set()  # unlinked slots still being read
         self._free = list(range(capacity_pages - 1, -1, -1))
 
+    # ----------------------------------------------------------------- SlabSlots
+
+    @property
+    def slab(self) -> np.ndarray:
+        return self._slab
+
     @property
     def slab_tensor(self):  # noqa: ANN201 - torch is imported lazily
         """The slab as a ``(capacity_pages, page_bytes)`` uint8 torch tensor sharing its memory
@@ -76,14 +83,12 @@ class HostTier(SlotReads, Tier):
         return torch.from_numpy(self._slab)
 
     def slot_of(self, key: bytes) -> int | None:
-        """The slot index holding ``key``, or None. The caller must hold a lease on ``key``
-        while it uses the slot (the store never evicts a leased page)."""
+        """The slot index holding ``key``, or None (for tests and introspection: a copy out of
+        it needs :meth:`pin_leading`)."""
         with self._lock:
             return self._index.get(key)
 
-    def leading_slots(self, keys: Sequence[bytes], namespace_id: bytes) -> list[int]:
-        """The slots of the leading ``keys`` held here under ``namespace_id`` (up to the first
-        that is not), under one lock acquisition. Same contract as :meth:`slot_of`."""
+    def pin_leading(self, keys: Sequence[bytes], namespace_id: bytes) -> list[int]:
         out: list[int] = []
         with self._lock:
             for key in keys:
@@ -91,20 +96,38 @@ class HostTier(SlotReads, Tier):
                 meta = None if slot is None else self._metas[slot]
                 if meta is None or meta.namespace_id != namespace_id:
                     break
+                self._readers[slot] += 1  # type: ignore[index]
                 out.append(slot)  # type: ignore[arg-type]
         return out
 
+    def unpin(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            for slot in slots:
+                self._readers[slot] -= 1
+                self._after_unpin(slot)
+
+    def reserve(self, n: int) -> list[int]:
+        with self._lock:
+            k = min(n, len(self._free))
+            return sorted(self._free.pop() for _ in range(k))
+
+    def publish(self, slots: Sequence[int], metas: Sequence[BlockMeta]) -> None:
+        with self._lock:
+            for slot, meta in zip(slots, metas):
+                old = self._index.get(meta.key)
+                self._index[meta.key] = slot
+                self._metas[slot] = meta
+                if old is not None:
+                    self._release(old)
+        self._update_occupancy()
+
+    def unreserve(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            self._free.extend(slots)
+
     def slots_of(self, keys: Sequence[bytes]) -> list[int | None]:
-        """:meth:`slot_of` of every key, under one lock acquisition."""
         with self._lock:
             return [self._index.get(k) for k in keys]
-
-    def slot_view(self, key: bytes) -> np.ndarray | None:
-        """The slab row holding ``key`` (zero-copy), or None. For the daemon's shared-memory data
-        path; the caller must hold a lease on ``key`` while it uses the view."""
-        with self._lock:
-            slot = self._index.get(key)
-        return None if slot is None else self._slab[slot]
 
     # ----------------------------------------------------------------- hooks
 
@@ -117,24 +140,13 @@ class HostTier(SlotReads, Tier):
         )
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
-        with self._lock:
-            n = min(len(metas), len(self._free))
-            # ascending slots, so that a batch lands in as few contiguous runs as possible
-            got = sorted(self._free.pop() for _ in range(n))
-        slots: list[int | None] = [*got, *([None] * (len(metas) - n))]
+        got = self.reserve(len(metas))
+        n = len(got)
         copy_spans(
             [(self._slab[start : start + k].reshape(-1), buf) for start, k, buf in _runs(got, pages[:n])]
         )
-        with self._lock:
-            for slot, meta in zip(slots, metas):
-                if slot is None:
-                    continue
-                old = self._index.get(meta.key)
-                self._index[meta.key] = slot
-                self._metas[slot] = meta
-                if old is not None:
-                    self._release(old)
-        return [s is not None for s in slots]
+        self.publish(got, metas[:n])
+        return [True] * n + [False] * (len(metas) - n)
 
     def _delete(self, keys: Sequence[bytes]) -> int:
         n = 0
@@ -147,7 +159,8 @@ class HostTier(SlotReads, Tier):
         return n
 
     def _used(self) -> int:
-        return len(self._index)
+        # reserved and still-read (zombie) slots hold room too: what is not free is used
+        return self.capacity_pages - len(self._free)
 
     # ----------------------------------------------------------------- slot bookkeeping (locked)
 

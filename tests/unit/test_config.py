@@ -90,7 +90,7 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ('[connector]\nprefetch_policy = "sometimes"', "connector.prefetch_policy", "wait_complete"),
         ('[connector]\nprefetch_timeout_s = 0', "connector.prefetch_timeout_s", "greater than 0"),
         ('[connector]\nhost_tier = "nvme"', "connector.host_tier", "not a host tier"),
-        ('[connector]\nstaging = "1KiB"', "connector.staging", "holds no page"),
+
     ],
 )
 def test_bad_values_name_the_field(tmp_path: Path, text: str, field: str, allowed: str) -> None:

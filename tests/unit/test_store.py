@@ -96,6 +96,7 @@ def test_selective_after_n_hits(layout: KVLayout, ns: Namespace) -> None:
     slow = store.tier("slow")
     for expected in ([False, False], [False, False], [True, False]):
         read_all(store, ns, chain.keys[:1])
+        store.drain()  # selective copies run on the mover thread, never inside the get
         assert slow.contains(chain.keys) == expected
     # eviction of a page with fewer hits drops it instead of writing it down
     store.evict(4, tier="fast")
@@ -110,6 +111,7 @@ def test_promotion_on_hit(layout: KVLayout, ns: Namespace) -> None:
     store.put(chain.metas(), pages)  # blocks 0,1 end in slow, 2,3 in fast
     out, tiers = read_all(store, ns, chain.keys[:1])
     assert tiers == ("slow",) and np.array_equal(out[0], pages[0])
+    store.drain()  # promotion runs on the mover thread, never inside the get
     assert store.lookup(chain.keys[:1]).tiers == ("fast",)
 
 

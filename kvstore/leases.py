@@ -1,0 +1,132 @@
+"""Leases: a lookup that will be followed by a load pins its pages until the load completes or
+the lease expires, so eviction cannot take them meanwhile.
+
+A :class:`LeaseTable` belongs to one store. Lease ids are unique in the process (one counter for
+every table), and each lease names the table that granted it, so a lease handed to another
+store is refused with a clear error instead of releasing that store's unrelated lease of the
+same id.
+
+The table is not thread-safe on its own: the store calls it under the store lock (victim choice
+reads :attr:`pins` under the same lock). Expiry is lazy: every call first drops leases whose
+``expires_at`` has passed, judged by the injected ``clock``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+
+from kvstore.errors import InvalidArgument, LeaseError
+from kvstore.metrics import Metrics
+from kvstore.results import Lease
+
+_LEASE_IDS = itertools.count(1)
+_TABLE_IDS = itertools.count(1)
+
+
+class LeaseTable:
+    def __init__(self, ttl_s: float, clock: Callable[[], float], metrics: Metrics) -> None:
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s > 0:
+            raise InvalidArgument(f"lease_ttl_s must be a number > 0, got {ttl_s!r}")
+        self.ttl_s = float(ttl_s)
+        self.owner = next(_TABLE_IDS)
+        self._clock = clock
+        self._m = metrics.leases
+        #: key -> how many live leases pin it; the victim filter of every eviction
+        self.pins: dict[bytes, int] = {}
+        self._leases: dict[int, Lease] = {}
+        self._heap: list[tuple[float, int]] = []
+
+    def grant(self, keys: Sequence[bytes]) -> Lease:
+        self.expire()
+        held = Lease(next(_LEASE_IDS), tuple(keys), self._clock() + self.ttl_s, self.owner)
+        self._leases[held.id] = held
+        heapq.heappush(self._heap, (held.expires_at, held.id))
+        for k in held.keys:
+            self.pins[k] = self.pins.get(k, 0) + 1
+        self._m.labels("granted").inc()
+        return held
+
+    def release(self, lease: Lease | int) -> Lease:
+        """Unpin and forget ``lease``; returns it as held. Raises LeaseError for an unknown,
+        released or expired lease, InvalidArgument for another store's lease (both change
+        nothing)."""
+        held = self._live(lease)
+        del self._leases[held.id]
+        self._unpin(held.keys)
+        self._m.labels("released").inc()
+        return held
+
+    def narrow(self, lease: Lease, n: int) -> Lease:
+        """Keep only the first ``n`` keys of ``lease`` pinned (same id and expiry)."""
+        if not isinstance(lease, Lease):
+            raise InvalidArgument(f"narrow takes a Lease, got {type(lease).__name__}")
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(lease.keys):
+            raise InvalidArgument(f"n must be an int in [0, {len(lease.keys)}], got {n!r}")
+        held = self._live(lease)
+        narrowed = Lease(held.id, held.keys[:n], held.expires_at, held.owner)
+        self._unpin(held.keys[n:])
+        self._leases[held.id] = narrowed
+        return narrowed
+
+    def is_live(self, lease: Lease) -> bool:
+        """Whether ``lease`` (of this table) is still held and unexpired."""
+        self.expire()
+        return lease.owner == self.owner and lease.id in self._leases
+
+    def __len__(self) -> int:
+        self.expire()
+        return len(self._leases)
+
+    def expire(self) -> None:
+        now = self._clock()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, lease_id = heapq.heappop(heap)
+            held = self._leases.pop(lease_id, None)
+            if held is not None:
+                self._unpin(held.keys)
+                self._m.labels("expired").inc()
+
+    def check(self) -> None:
+        """Assert that pin counts agree with the live leases (for check_integrity)."""
+        self.expire()
+        counts: dict[bytes, int] = {}
+        for held in self._leases.values():
+            for k in held.keys:
+                counts[k] = counts.get(k, 0) + 1
+        assert counts == self.pins, "pin counts disagree with active leases"
+
+    def _live(self, lease: Lease | int) -> Lease:
+        if isinstance(lease, Lease):
+            if lease.owner != self.owner:
+                raise InvalidArgument(
+                    f"lease {lease.id} was granted by another store",
+                    hint="release a lease on the store whose lookup granted it",
+                )
+            lease_id = lease.id
+        elif isinstance(lease, int) and not isinstance(lease, bool):
+            lease_id = lease
+        else:
+            raise InvalidArgument(f"expected a Lease or a lease id, got {type(lease).__name__}")
+        self.expire()
+        held = self._leases.get(lease_id)
+        if held is None:
+            raise LeaseError(
+                f"lease {lease_id} is unknown, released or expired",
+                hint="load within lease_ttl_s of the lookup, or raise lease_ttl_s",
+            )
+        return held
+
+    def _unpin(self, keys: Sequence[bytes]) -> None:
+        pins = self.pins
+        for k in keys:
+            left = pins[k] - 1
+            if left:
+                pins[k] = left
+            else:
+                del pins[k]
+
+
+__all__ = ["LeaseTable"]
