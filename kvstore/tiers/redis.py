@@ -213,10 +213,10 @@ class RedisTier(Tier):
         refusals = [0]
 
         def handle(io: RespIO, i: int) -> bool:
-            reply = io.read_reply()
+            reply = io.read_flag()
             if isinstance(reply, ReplyError):
                 return self._refused(reply, refusals)
-            found[i] = bool(reply)
+            found[i] = reply
             return False
 
         self._call("contains", names, lambda i: (command(b"EXISTS", names[i]),), handle)
@@ -305,8 +305,8 @@ class RedisTier(Tier):
             return (head, header, payload, tail)
 
         def handle(io: RespIO, i: int) -> bool:
-            reply = io.read_reply()
-            if isinstance(reply, ReplyError):
+            reply = io.read_ok()
+            if reply is not None:
                 if reply.prefix == "OOM":  # maxmemory: back-pressure, not an error
                     oom[0] += 1
                     return False
@@ -332,7 +332,7 @@ class RedisTier(Tier):
         refusals = [0]
 
         def handle(io: RespIO, i: int) -> bool:
-            reply = io.read_reply()
+            reply = io.read_flag()
             if isinstance(reply, ReplyError):
                 return self._refused(reply, refusals)
             counts[i] = int(reply)
@@ -477,7 +477,7 @@ class RedisTier(Tier):
                 connect = self._connect
                 pool = ServerPool(
                     key, lambda: connect.connection(host, port),
-                    CircuitBreaker(*self._breaker_args),
+                    CircuitBreaker(*self._breaker_args), tier=self.name,
                 )
                 self._pools[key] = pool
             return pool
