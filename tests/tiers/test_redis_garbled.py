@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from kvstore.errors import TierUnavailable
 from kvstore.tiers.redis_breaker import CircuitBreaker
 from kvstore.tiers.redis_pool import Exchange, ServerPool, run_exchange
 from kvstore.tiers.redis_resp import command
@@ -168,3 +169,14 @@ def test_every_exchange_reports_to_the_breaker_even_when_a_handler_raises(
     run(lambda io, _i: io.read_reply() is None)  # ... so the next probe goes through
     assert breaker.state == "closed" and pool.rejected == 0
     pool.close()
+
+
+@pytest.mark.parametrize("name", [b"CLIENT", b"INFO"])
+def test_a_garbled_handshake_at_start_is_tier_unavailable(proxied, name: bytes) -> None:
+    """At construction the tier raises only its own errors: a server that garbles the handshake
+    (CLIENT SETINFO) or the probe (INFO) is one that did not answer."""
+    _server, proxy = proxied
+    proxy.garble = {name: b"!junk\r\n"}
+    with pytest.raises(TierUnavailable) as err:
+        make(proxy.url)
+    assert proxy.url.split("//")[1].split("/")[0] in err.value.message
