@@ -247,13 +247,17 @@ class DelayProxy:
             except OSError:
                 return
             self._socks += [client, upstream]
-            queue: deque[tuple[float, bytes]] = deque()
-            ready = threading.Condition()
-            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._delayed_in, args=(upstream, queue, ready),
-                             daemon=True).start()
-            threading.Thread(target=self._delayed_out, args=(client, queue, ready),
-                             daemon=True).start()
+            self._serve(client, upstream)
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Start the threads that carry one connection (subclasses change what they carry)."""
+        queue: deque[tuple[float, bytes]] = deque()
+        ready = threading.Condition()
+        threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._delayed_in, args=(upstream, queue, ready),
+                         daemon=True).start()
+        threading.Thread(target=self._delayed_out, args=(client, queue, ready),
+                         daemon=True).start()
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket) -> None:

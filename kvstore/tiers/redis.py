@@ -18,8 +18,17 @@ Guarantees
       for, and the payload checksum. A foreign, stale or garbage value is a miss and is counted
       by reason; a damaged one (bad magic, checksums, length, key or chain) is also deleted. A
       well-formed record that is merely foreign (another namespace, layout, format version, or a
-      codec this process lacks) is left for the nodes that can use it. Nothing past the fixed
-      header is ever deserialised; there is no pickle.
+      codec this process lacks) is left for the nodes that can use it — also when its size is
+      impossible for this layout: such a value is classed by its header, never by its size
+      alone. Nothing past the fixed header is ever deserialised; there is no pickle.
+    * **Foreign records do not block owners** — ``contains`` is one EXISTS per key, so it cannot
+      tell a page from a foreign value under the same name. A key whose value failed
+      verification on a read of this instance is therefore answered absent by ``contains``
+      (and ``meta``) until a read verifies it or this instance writes it: the store's next put
+      of that key overwrites the foreign value instead of counting it as already there. Another
+      node learns the same on its own first read of the key. (A reader that asks for a key
+      under the wrong namespace marks the owner's genuine page too; the cost is one rewrite of
+      identical content, never wrong bytes.)
     * **Latency** — no call waits more than ``timeout_s`` for a server that makes no progress,
       and a call that moves no pages (``contains``, lookups, ``delete``) takes at most
       ``timeout_s`` in total, retries included; a call moving N page bytes may run
@@ -186,6 +195,9 @@ class RedisTier(Tier):
         self._lock = threading.Lock()
         self._owned: set[bytes] = set()
         self._metas: OrderedDict[bytes, BlockMeta] = OrderedDict()
+        #: Keys whose value failed verification when read (most recent last, bounded): present
+        #: in Redis, but not pages — contains() answers False, so their owner's put rewrites them.
+        self._rejected: OrderedDict[bytes, None] = OrderedDict()
         self._pools: dict[str, ServerPool] = {}
         self._cluster: Any = None
         self._refreshing = False
@@ -213,10 +225,10 @@ class RedisTier(Tier):
         refusals = [0]
 
         def handle(io: RespIO, i: int) -> bool:
-            reply = io.read_reply()
+            reply = io.read_flag()
             if isinstance(reply, ReplyError):
                 return self._refused(reply, refusals)
-            found[i] = bool(reply)
+            found[i] = reply
             return False
 
         self._call("contains", names, lambda i: (command(b"EXISTS", names[i]),), handle)
@@ -224,6 +236,10 @@ class RedisTier(Tier):
         gone = [k for k, f in zip(keys, found) if not f]
         if gone:
             self._forget(gone)
+        with self._lock:
+            rejected = self._rejected
+            if rejected:
+                found = [f and k not in rejected for k, f in zip(keys, found)]
         return found
 
     def _read(
@@ -232,7 +248,7 @@ class RedisTier(Tier):
         names = [self._name(k) for k in keys]
         found = [False] * len(keys)
         gone: list[bytes] = []
-        damaged: list[bytes] = []
+        bad: dict[bytes, bool] = {}  # key whose value failed verification -> delete it?
         hits: list[BlockMeta] = []
         refusals = [0]
         hdr = bytearray(self._hb)
@@ -249,7 +265,7 @@ class RedisTier(Tier):
             n = io.read_bulk_len()
             if isinstance(n, ReplyError):
                 if n.prefix == "WRONGTYPE":  # something that is not a string under our prefix
-                    self._bad(keys[i], "magic", damaged)
+                    self._bad(keys[i], "magic", bad)
                     return False
                 return self._refused(n, refusals)
             if n < 0:
@@ -261,16 +277,18 @@ class RedisTier(Tier):
                 digest = xxhash.xxh3_64()  # fed while the page arrives (== record.payload_checksum)
                 io.read_into(out.data, digest)
                 io.expect_crlf()
-                meta = self._check(hdr_mv, digest.intdigest(), namespace_id, keys[i], damaged)
+                meta = self._check(hdr_mv, digest.intdigest(), namespace_id, keys[i], bad)
             elif hb <= n <= max_len:
                 rec = bytearray(n)
                 io.read_into(memoryview(rec))
                 io.expect_crlf()
-                meta = self._check_slow(rec, out, namespace_id, keys[i], damaged)
-            else:
-                io.skip(n)
+                meta = self._check_slow(rec, out, namespace_id, keys[i], bad)
+            else:  # no record of this layout has this size: its header says whose it is
+                got = min(n, hb)
+                io.read_into(hdr_mv[:got])
+                io.skip(n - got)
                 io.expect_crlf()
-                self._bad(keys[i], "truncated" if n < hb else "length", damaged)
+                self._check_size(hdr_mv[:got], n, namespace_id, keys[i], bad)
                 meta = None
             if meta is not None:
                 found[i] = True
@@ -284,8 +302,8 @@ class RedisTier(Tier):
             self._remember(hits)
         if gone:
             self._forget(gone)
-        if damaged:
-            self._delete_quietly(damaged)
+        if bad:
+            self._reject(bad)
         return found
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
@@ -305,8 +323,8 @@ class RedisTier(Tier):
             return (head, header, payload, tail)
 
         def handle(io: RespIO, i: int) -> bool:
-            reply = io.read_reply()
-            if isinstance(reply, ReplyError):
+            reply = io.read_ok()
+            if reply is not None:
                 if reply.prefix == "OOM":  # maxmemory: back-pressure, not an error
                     oom[0] += 1
                     return False
@@ -332,7 +350,7 @@ class RedisTier(Tier):
         refusals = [0]
 
         def handle(io: RespIO, i: int) -> bool:
-            reply = io.read_reply()
+            reply = io.read_flag()
             if isinstance(reply, ReplyError):
                 return self._refused(reply, refusals)
             counts[i] = int(reply)
@@ -345,6 +363,8 @@ class RedisTier(Tier):
 
     def _meta(self, key: bytes) -> BlockMeta | None:
         with self._lock:
+            if key in self._rejected:
+                return None
             meta = self._metas.get(key)
             if meta is not None:
                 self._metas.move_to_end(key)
@@ -477,7 +497,7 @@ class RedisTier(Tier):
                 connect = self._connect
                 pool = ServerPool(
                     key, lambda: connect.connection(host, port),
-                    CircuitBreaker(*self._breaker_args),
+                    CircuitBreaker(*self._breaker_args), tier=self.name,
                 )
                 self._pools[key] = pool
             return pool
@@ -496,7 +516,7 @@ class RedisTier(Tier):
         return packed, self._codec
 
     def _check(
-        self, hdr: memoryview, checksum: int, ns: bytes, key: bytes, damaged: list[bytes]
+        self, hdr: memoryview, checksum: int, ns: bytes, key: bytes, bad: dict[bytes, bool]
     ) -> BlockMeta | None:
         """Verify a raw record whose page (of checksum ``checksum``) already sits in the
         caller's buffer: ``record.verify_payload``'s checks, with the hash computed on the fly."""
@@ -512,12 +532,12 @@ class RedisTier(Tier):
             if checksum != header.payload_checksum:
                 raise RecordError("payload checksum mismatch", reason="payload_checksum")
         except RecordError as exc:
-            self._bad(key, exc.reason, damaged, hdr)
+            self._bad(key, exc.reason, bad, hdr)
             return None
         return header.meta()
 
     def _check_slow(
-        self, rec: bytearray, out: np.ndarray, ns: bytes, key: bytes, damaged: list[bytes]
+        self, rec: bytearray, out: np.ndarray, ns: bytes, key: bytes, bad: dict[bytes, bool]
     ) -> BlockMeta | None:
         """Verify a record of another size (compressed, or damaged) and decode it into ``out``."""
         view = memoryview(rec)
@@ -538,19 +558,46 @@ class RedisTier(Tier):
             if len(data) != page_bytes:
                 raise RecordError(f"decoded {len(data)} bytes", reason="length")
         except RecordError as exc:
-            self._bad(key, exc.reason, damaged, view[: self._hb])
+            self._bad(key, exc.reason, bad, view[: self._hb])
             return None
         out[:] = np.frombuffer(data, np.uint8)
         return header.meta()
 
-    def _bad(self, key: bytes, reason: str, damaged: list[bytes], hdr: Any = None) -> None:
-        self.count_corrupt(reason)
-        if reason in _DAMAGED or (reason == "namespace" and not _genuine(hdr, key, self.layout)):
-            damaged.append(key)
+    def _check_size(
+        self, hdr: memoryview, n: int, ns: bytes, key: bytes, bad: dict[bytes, bool]
+    ) -> None:
+        """Classify a value of ``n`` bytes, a size no record of this layout has, by its header
+        (``hdr``, its first bytes): another layout's, version's or namespace's well-formed
+        record is left for its owner; anything else is damage."""
+        try:
+            header = parse_header(hdr, self.layout)
+            verify_header(header, self.layout, namespace_id=ns, key=key)
+            raise RecordError(f"a {n}-byte value under a record header", reason="length")
+        except RecordError as exc:
+            self._bad(key, exc.reason, bad, hdr)
 
-    def _delete_quietly(self, keys: list[bytes]) -> None:
-        with contextlib.suppress(TierUnavailable):  # else the next reader finds it and retries
-            self._delete(keys)
+    def _bad(self, key: bytes, reason: str, bad: dict[bytes, bool], hdr: Any = None) -> None:
+        self.count_corrupt(reason)
+        bad[key] = reason in _DAMAGED or (
+            reason == "namespace" and not _genuine(hdr, key, self.layout)
+        )
+
+    def _reject(self, bad: dict[bytes, bool]) -> None:
+        """After a read: remember the keys whose values failed verification (``contains``
+        answers absent for them, so their owner's next put overwrites them) and delete the
+        damaged ones."""
+        with self._lock:
+            rejected = self._rejected
+            for key in bad:
+                rejected[key] = None
+                rejected.move_to_end(key)
+                self._metas.pop(key, None)
+            while len(rejected) > _META_CACHE:
+                rejected.popitem(last=False)
+        damaged = [k for k, delete in bad.items() if delete]
+        if damaged:
+            with contextlib.suppress(TierUnavailable):  # else the next reader finds it again
+                self._delete(damaged)
 
     def _compressor(self) -> Any:
         c = getattr(self._local, "c", None)
@@ -567,19 +614,23 @@ class RedisTier(Tier):
     # ----------------------------------------------------------------- bookkeeping
 
     def _remember(self, metas: Sequence[BlockMeta]) -> None:
+        """Headers just written or verified by a read: cached for meta(), no longer rejected."""
         with self._lock:
             cache = self._metas
             for m in metas:
                 cache[m.key] = m
                 cache.move_to_end(m.key)
+                self._rejected.pop(m.key, None)
             while len(cache) > _META_CACHE:
                 cache.popitem(last=False)
 
     def _forget(self, keys: Sequence[bytes]) -> None:
+        """Keys found absent or deleted."""
         with self._lock:
-            owned = self._owned
+            owned, rejected = self._owned, self._rejected
             for k in keys:
                 owned.discard(k)
+                rejected.pop(k, None)
 
     def _is_moved(self, reply: ReplyError) -> bool:
         return self._cluster is not None and reply.prefix in ("MOVED", "ASK")

@@ -55,21 +55,29 @@ class CircuitBreaker:
             self._probing = True
             return True
 
-    def success(self) -> None:
+    def success(self) -> bool:
+        """Record a call that succeeded; True when this closed an open (or half-open) breaker."""
         with self._lock:
+            closed = self._state != "closed"
             self._state = "closed"
             self._consecutive = 0
             self._probing = False
+            return closed
 
-    def failure(self) -> None:
+    def failure(self) -> bool:
+        """Record a call that failed; True when this opened a closed breaker (a failed probe
+        re-opens a half-open one: not a new trip)."""
         with self._lock:
             self._consecutive += 1
+            tripped = False
             if self._state == "half_open" or self._consecutive >= self.failures:
                 if self._state != "open":
                     self.trips += 1
+                    tripped = self._state == "closed"
                 self._state = "open"
                 self._opened_at = time.monotonic()
             self._probing = False
+            return tripped
 
 
 __all__ = ["BreakerState", "CircuitBreaker"]

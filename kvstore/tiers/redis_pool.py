@@ -19,13 +19,19 @@ Failure handling, per server and per call:
 * a connection failure (refused, reset, closed: a restarted server, a stale pooled socket) is
   retried up to ``retries`` times with exponential backoff, only for the commands not yet
   answered, and only while the deadline allows; a timeout is not retried (the budget is spent);
-* the server's breaker records one success or one failure per call, and while it is open the
-  server is skipped at once (its items are reported as failed without any I/O).
+* the server's breaker records exactly one success or one failure per call that it let
+  through, on every path — a call that raises something unexpected (a bug) is reported as a
+  failure before the exception propagates, so a half-open breaker never waits for ever on a
+  probe that is gone; while it is open the server is skipped at once (its items are reported
+  as failed without any I/O);
+* a reply that breaks the protocol (garbled, or of the wrong type) is a failure like a broken
+  connection: the items are misses or refused puts, never an exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -38,14 +44,20 @@ import redis.exceptions
 from kvstore.tiers.redis_breaker import BreakerState, CircuitBreaker
 from kvstore.tiers.redis_resp import ProtocolError, RespIO
 
-#: Errors that mean "the server did not answer properly"; anything else is a bug and propagates.
-NET_ERRORS: tuple[type[BaseException], ...] = (OSError, redis.exceptions.ConnectionError,
-                                               redis.exceptions.TimeoutError)
+#: Errors that mean "the server did not answer properly": unreachable, timed out, a broken stream
+#: (:class:`ProtocolError`), or a handshake that redis-py could not complete (a garbled or error
+#: reply to CLIENT SETINFO, AUTH or SELECT: any ``RedisError``). Anything else is a bug and
+#: propagates — after the exchange has reported it to the server's breaker.
+NET_ERRORS: tuple[type[BaseException], ...] = (OSError, redis.exceptions.RedisError)
 _NOT_RETRIED: tuple[type[BaseException], ...] = (TimeoutError, socket.timeout,
                                                  redis.exceptions.TimeoutError,
                                                  redis.exceptions.AuthenticationError,
+                                                 redis.exceptions.InvalidResponse,
+                                                 redis.exceptions.ResponseError,
                                                  ProtocolError)
 _FLUSH_BYTES = 256 * 1024  # send what was built once this much is pending
+
+log = logging.getLogger("kvstore.tiers.redis")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +87,9 @@ class Link:
 
 
 class ServerPool:
+    """Idle connections, breaker and counters of one server. Logs one warning when the server
+    becomes unavailable (its breaker opens) and one when it answers again (it closes)."""
+
     def __init__(
         self,
         name: str,
@@ -82,16 +97,33 @@ class ServerPool:
         breaker: CircuitBreaker,
         *,
         max_idle: int = 8,
+        tier: str = "redis",
     ) -> None:
         self.name = name
         self.breaker = breaker
         self._factory = factory
         self._max_idle = max_idle
+        self._tier = tier
         self._idle: list[Link] = []
         self._lock = threading.Lock()
         self.exchanges = 0
         self.failures = 0
         self.rejected = 0
+
+    def succeeded(self) -> None:
+        """A call let through by the breaker got every answer it asked for."""
+        if self.breaker.success():
+            log.warning("redis tier %r: server %s answers again; calls go to it again",
+                        self._tier, self.name)
+
+    def failed(self, exc: BaseException | None) -> None:
+        """A call let through by the breaker ended without its answers (after its retries)."""
+        self.failures += 1
+        if self.breaker.failure():
+            why = f"{type(exc).__name__}: {exc}" if exc is not None else "the call was abandoned"
+            log.warning("redis tier %r: server %s is unavailable (%s); its calls fail at once "
+                        "for %gs at a time, until it answers a probe", self._tier, self.name,
+                        why, self.breaker.cooldown_s)
 
     def acquire(self, deadline: float, connect_timeout_s: float) -> Link:
         with self._lock:
@@ -187,66 +219,94 @@ def run_exchange(
     wait for a server lasts more than ``wait_s``; nothing runs past ``deadline``."""
     out = Outcome([], [])
     todo = groups
-    for attempt in range(retries + 1):
-        rnd = _Round(out, deadline, backoff_s * (1 << attempt), attempt < retries)
-        flows: list[_Flow] = []
-        try:
-            for pool, items in todo.items():
-                if attempt == 0 and not pool.breaker.allow():
+    owed: set[ServerPool] = set()  # let through by their breaker, outcome not reported yet
+    try:
+        for attempt in range(retries + 1):
+            rnd = _Round(out, owed, deadline, backoff_s * (1 << attempt), attempt < retries)
+            _attempt(todo, ex, rnd, owed, first=attempt == 0, wait_s=wait_s,
+                     connect_timeout_s=connect_timeout_s)
+            if not rnd.retry:
+                break
+            time.sleep(min(rnd.delay_s, max(0.0, deadline - time.monotonic())))
+            todo = rnd.retry
+    finally:
+        for pool in owed:  # only when something unexpected was raised: never leave a probe open
+            pool.failed(None)
+    return out
+
+
+def _attempt(
+    todo: dict[ServerPool, list[int]],
+    ex: Exchange,
+    rnd: _Round,
+    owed: set[ServerPool],
+    *,
+    first: bool,
+    wait_s: float,
+    connect_timeout_s: float,
+) -> None:
+    """One attempt at every server of ``todo``: send, then read the replies round-robin."""
+    out, deadline = rnd.out, rnd.deadline
+    flows: list[_Flow] = []
+    try:
+        for pool, items in todo.items():
+            if first:
+                if not pool.breaker.allow():
                     pool.rejected += 1
                     out.failed.extend(items)
                     continue
-                pool.exchanges += 1
+                owed.add(pool)
+            pool.exchanges += 1
+            try:
+                link = pool.acquire(deadline, connect_timeout_s)
+            except NET_ERRORS as exc:
+                rnd.failed(pool, items, exc)
+                continue
+            link.io.deadline = deadline
+            link.io.wait_s = wait_s
+            flow = _Flow(pool, link, items)
+            try:
+                _pump(flow, ex)
+            except NET_ERRORS as exc:
+                pool.discard(link)
+                rnd.failed(pool, items, exc)
+                continue
+            flows.append(flow)
+        while flows:  # one reply from each server in turn
+            for flow in list(flows):
                 try:
-                    link = pool.acquire(deadline, connect_timeout_s)
+                    item = flow.items[flow.done]
+                    if ex.handle(flow.link.io, item):
+                        out.moved.append(item)
+                    flow.done += 1
+                    if flow.sent < len(flow.items):
+                        _pump(flow, ex)
                 except NET_ERRORS as exc:
-                    rnd.failed(pool, items, exc)
+                    flows.remove(flow)
+                    flow.pool.discard(flow.link)
+                    rnd.failed(flow.pool, flow.items[flow.done :], exc)
                     continue
-                link.io.deadline = deadline
-                link.io.wait_s = wait_s
-                flow = _Flow(pool, link, items)
-                try:
-                    _pump(flow, ex)
-                except NET_ERRORS as exc:
-                    pool.discard(link)
-                    rnd.failed(pool, items, exc)
-                    continue
-                flows.append(flow)
-            while flows:  # one reply from each server in turn
-                for flow in list(flows):
-                    try:
-                        item = flow.items[flow.done]
-                        if ex.handle(flow.link.io, item):
-                            out.moved.append(item)
-                        flow.done += 1
-                        if flow.sent < len(flow.items):
-                            _pump(flow, ex)
-                    except NET_ERRORS as exc:
-                        flows.remove(flow)
-                        flow.pool.discard(flow.link)
-                        rnd.failed(flow.pool, flow.items[flow.done :], exc)
-                        continue
-                    if flow.done == len(flow.items):
-                        flows.remove(flow)
-                        flow.pool.release(flow.link)
-                        flow.pool.breaker.success()
-        finally:
-            for flow in flows:  # only non-empty when a handler raised something unexpected
-                flow.pool.discard(flow.link)
-        if not rnd.retry:
-            break
-        time.sleep(min(rnd.delay_s, max(0.0, deadline - time.monotonic())))
-        todo = rnd.retry
-    return out
+                if flow.done == len(flow.items):
+                    flows.remove(flow)
+                    flow.pool.release(flow.link)
+                    owed.discard(flow.pool)
+                    flow.pool.succeeded()
+    finally:
+        for flow in flows:  # only non-empty when a handler raised something unexpected
+            flow.pool.discard(flow.link)
 
 
 class _Round:
     """One attempt of an exchange: decides, per failed server, between retry and failure."""
 
-    __slots__ = ("out", "deadline", "delay_s", "may_retry", "retry")
+    __slots__ = ("out", "owed", "deadline", "delay_s", "may_retry", "retry")
 
-    def __init__(self, out: Outcome, deadline: float, delay_s: float, may_retry: bool) -> None:
+    def __init__(
+        self, out: Outcome, owed: set[ServerPool], deadline: float, delay_s: float,
+        may_retry: bool,
+    ) -> None:
         self.out = out
+        self.owed = owed
         self.deadline = deadline
         self.delay_s = delay_s
         self.may_retry = may_retry
@@ -261,8 +321,8 @@ class _Round:
         ):
             self.retry[pool] = items
         else:
-            pool.failures += 1
-            pool.breaker.failure()
+            self.owed.discard(pool)
+            pool.failed(exc)
             self.out.failed.extend(items)
 
 

@@ -94,6 +94,8 @@ class RespIO:
 
     #: Bytes per receive of a bulk value: small enough to hash while it is hot in L2.
     CHUNK = 256 * 1024
+    #: Largest bulk string ``read_reply`` accepts (a record header is a few KiB at most).
+    MAX_SMALL = 1 << 20
 
     __slots__ = ("sock", "deadline", "wait_s", "_buf", "_mv", "_pos", "_end", "_plain")
 
@@ -161,27 +163,50 @@ class RespIO:
 
     def read_reply(self) -> Any:
         """One whole reply: ``bytes`` (simple or bulk string), ``int``, ``None`` (nil),
-        ``list`` (array) or :class:`ReplyError`. For small replies; bulk strings are copied."""
+        ``list`` (array) or :class:`ReplyError`. For small replies (a bulk string of at most
+        ``MAX_SMALL`` bytes); bulk strings are copied."""
         line = self._line()
         kind = line[:1]
         if kind == b"$":
-            n = int(line[1:])
+            n = _length(line)
             if n < 0:
                 return None
+            if n > self.MAX_SMALL:
+                raise ProtocolError(f"a {n}-byte bulk string where a small reply belongs")
             data = bytearray(n)
             self.read_into(memoryview(data))
             self.expect_crlf()
             return bytes(data)
         if kind == b":":
-            return int(line[1:])
+            return _integer(line)
         if kind == b"+":
             return line[1:]
         if kind == b"-":
             return ReplyError(line[1:].decode("utf-8", "replace"))
         if kind == b"*":
-            n = int(line[1:])
+            n = _length(line)
             return None if n < 0 else [self.read_reply() for _ in range(n)]
         raise ProtocolError(f"unexpected RESP reply type {line[:16]!r}")
+
+    def read_flag(self) -> bool | ReplyError:
+        """The ``:0`` / ``:1`` answer of a one-key EXISTS or DEL, or the error reply; any other
+        reply breaks the protocol (:class:`ProtocolError`)."""
+        reply = self.read_reply()
+        if isinstance(reply, ReplyError):
+            return reply
+        if type(reply) is not int or reply not in (0, 1):
+            raise ProtocolError(f"expected :0 or :1, got {_show(reply)}")
+        return reply == 1
+
+    def read_ok(self) -> ReplyError | None:
+        """The ``+OK`` of a command that stores (SET): None, or the error reply; any other
+        reply breaks the protocol (:class:`ProtocolError`)."""
+        reply = self.read_reply()
+        if isinstance(reply, ReplyError):
+            return reply
+        if reply != b"OK":
+            raise ProtocolError(f"expected +OK, got {_show(reply)}")
+        return None
 
     def read_bulk_len(self) -> int | ReplyError:
         """The header of a bulk-string reply: its length (-1 for nil), or the error reply. The
@@ -189,7 +214,7 @@ class RespIO:
         line = self._line()
         kind = line[:1]
         if kind == b"$":
-            return int(line[1:])
+            return _length(line)
         if kind == b"-":
             return ReplyError(line[1:].decode("utf-8", "replace"))
         raise ProtocolError(f"expected a bulk string, got {line[:16]!r}")
@@ -285,6 +310,26 @@ class RespIO:
             self.sock.setsockopt(socket.SOL_SOCKET, which, _TIMEVAL.pack(sec, usec))
         else:
             self.sock.settimeout(left)
+
+
+def _integer(line: bytes) -> int:
+    """The number of a ``:<n>`` line."""
+    try:
+        return int(line[1:])
+    except ValueError:
+        raise ProtocolError(f"not an integer reply: {line[:32]!r}") from None
+
+
+def _length(line: bytes) -> int:
+    """The length of a ``$<n>`` or ``*<n>`` line: -1 for nil, else >= 0."""
+    n = _integer(line)
+    if n < -1:
+        raise ProtocolError(f"negative length: {line[:32]!r}")
+    return n
+
+
+def _show(reply: Any) -> str:
+    return repr(reply)[:40]
 
 
 __all__ = ["ProtocolError", "ReplyError", "RespIO", "command", "command_head"]

@@ -2,14 +2,18 @@
 ACL user, TLS), probing the server at start, and redis-py's cluster client for the slot map.
 
 Everything here runs at construction (and on a cluster topology refresh), never per call.
-Failures become the kvstore error tree with a hint naming the setting to change.
+Failures become the kvstore error tree with a hint naming the setting to change. No message
+carries a password: a URL is only ever quoted through :func:`redact`.
 """
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.exceptions
@@ -30,7 +34,7 @@ class Connect:
 
     tier: str
     connection_class: type
-    kwargs: dict[str, Any]
+    kwargs: dict[str, Any] = field(repr=False)  # holds the password
     seeds: list[tuple[str, int]]
     connect_timeout_s: float
 
@@ -55,7 +59,14 @@ def probe(c: Connect, *, cluster: bool) -> tuple[int, ...]:
                 hint="set the tier's password (and username for an ACL user) to what the "
                 "server expects",
             ) from None
-        except redis.exceptions.ResponseError as exc:  # AUTH misuse, NOPERM...
+        except redis.exceptions.ResponseError as exc:  # AUTH misuse, NOPERM, SELECT...
+            if "DB index" in str(exc):
+                db = c.kwargs.get("db", 0)
+                raise ConfigError(
+                    f"redis tier {c.tier!r}: {host}:{port} has no database {db}: {exc}",
+                    hint="set the url's database number (its /N) below the server's "
+                    "'databases' setting (16 by default)",
+                ) from None
             auth = "AUTH" in str(exc) or "password" in str(exc)
             raise ConfigError(
                 f"redis tier {c.tier!r}: {host}:{port} refused the setup commands: {exc}",
@@ -86,10 +97,20 @@ def probe(c: Connect, *, cluster: bool) -> tuple[int, ...]:
         version = tuple(int(x) for x in str(info.get("redis_version", "6.2")).split(".")[:2])
         return version
     where = "cluster_nodes" if cluster else "url"
+    tls = c.connection_class is redis.SSLConnection
+    if tls:
+        for host, port in c.seeds:
+            if _speaks_plain_resp(host, port, c.connect_timeout_s):
+                raise ConfigError(
+                    f"redis tier {c.tier!r}: {host}:{port} answers plain RESP, not TLS",
+                    hint=f"use redis:// (and tls=False) for this server, or point the tier's "
+                    f"{where} at the server's tls-port",
+                )
     raise TierUnavailable(
         f"redis tier {c.tier!r}: no server answered within {c.connect_timeout_s}s: "
         + "; ".join(errors),
-        hint=f"start the redis server(s), or fix the tier's {where}",
+        hint=f"start the redis server(s), or fix the tier's {where}"
+        + ("" if tls else " (a server that only listens with TLS needs rediss:// or tls=True)"),
     )
 
 
@@ -133,12 +154,19 @@ def connection_settings(
     """How to open a redis-py connection to any server of the tier, and the seeds."""
     kwargs: dict[str, Any] = {"db": 0}
     if url is not None:
-        parsed = redis.connection.parse_url(url)
+        try:
+            parsed = redis.connection.parse_url(url)
+            seeds = [(parsed.get("host", "localhost"), int(parsed.get("port", 6379)))]
+        except ValueError as exc:
+            raise ConfigError(
+                f"redis tier {tier!r}: url {redact(url)!r} does not parse: {_scrub(exc, url)}",
+                hint="write it as redis://[user:password@]host:port/db (rediss:// for TLS)",
+            ) from None
         kwargs.update(parsed)
-        seeds = [(parsed.get("host", "localhost"), int(parsed.get("port", 6379)))]
         if parsed.get("connection_class") is redis.UnixDomainSocketConnection:
             raise ConfigError(
-                f"redis url {url!r}: unix sockets are not supported", hint="use redis:// or rediss://"
+                f"redis tier {tier!r}: url {redact(url)!r}: unix sockets are not supported",
+                hint="use redis:// or rediss://",
             )
         tls = tls or parsed.get("connection_class") is redis.SSLConnection
     else:
@@ -173,6 +201,36 @@ def host_port(node: str) -> tuple[str, int]:
             f"redis cluster node {node!r} is not host:port", hint="write nodes as '10.0.0.5:6379'"
         )
     return host.strip("[]"), int(port)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password masked (``redis://user:***@host:6379/0``), for messages. A
+    userinfo without a colon (perhaps a password that lost its colon) is masked whole."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        userinfo, _, hostpart = rest.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        rest = f"{user}:***@{hostpart}" if colon else f"***@{hostpart}"
+    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", f"{scheme}{sep}{rest}")
+
+
+def _scrub(exc: BaseException, url: str) -> str:
+    """An error's text with the url's password masked, in case the error quoted it."""
+    text = str(exc)
+    password = urlsplit(url).password
+    for secret in {password, unquote(password)} if password else ():
+        text = text.replace(secret, "***")
+    return text
+
+
+def _speaks_plain_resp(host: str, port: int, timeout_s: float) -> bool:
+    """Whether ``host:port`` answers a plain-text PING (for the hint when TLS fails)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(1)[:1] in (b"+", b"-")
+    except OSError:
+        return False
 
 
 def _info(conn: Any, section: str) -> Any:
@@ -249,4 +307,4 @@ def validate(
 
 
 __all__ = ["CODECS", "Connect", "connect_cluster", "connection_settings", "host_port", "load_zstd",
-           "probe", "validate"]
+           "probe", "redact", "validate"]

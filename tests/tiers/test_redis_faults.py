@@ -5,6 +5,7 @@ and the tier recovers by itself once the server is back."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -169,3 +170,33 @@ def test_restart_while_a_worker_runs(redis_server: RedisServer) -> None:
     assert any(not ok for _, ok in results)  # the outage was seen
     assert any(ok for when, ok in results if when > back)  # and it ended by itself
     assert results[-1][1]
+
+
+def test_a_lost_server_logs_one_warning_per_breaker_state_change(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed, probed in vain many times, restarted: one warning when calls start failing fast,
+    one when the server answers again — not zero lines, and not one per failed probe."""
+    ns, ch, pages = data(2)
+    t = make(redis_server.url)
+    outs = list(np.empty_like(pages))
+    try:
+        with caplog.at_level(logging.INFO, logger="kvstore"):
+            assert all(t.write(ch.metas(), list(pages)))
+            redis_server.kill()
+            for _ in range(3):  # trips the breaker, then probes fail after each cooldown
+                t.read(ns.id, ch.keys, outs)
+                time.sleep(COOLDOWN_S)
+            assert t.read(ns.id, ch.keys, outs) == [False, False]
+            redis_server.restart()
+            wait_until(lambda: t.write(ch.metas(), list(pages)) == [True, True],
+                       3 * COOLDOWN_S + 2)
+            assert t.read(ns.id, ch.keys, outs) == [True, True]
+        lines = [r for r in caplog.records if r.name.startswith("kvstore")]
+        assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING], lines
+        down, up = (r.getMessage() for r in lines)
+        assert redis_server.node in down and "unavailable" in down
+        assert redis_server.node in up and "answers again" in up
+        assert t.server_stats()[0].trips >= 2  # failed probes re-opened it: not logged again
+    finally:
+        t.close()
