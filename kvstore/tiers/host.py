@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -52,7 +53,7 @@ class HostTier(SlotReads, SlabSlots, Tier):
         super().__init__(name, layout, capacity_pages, metrics)
         nbytes = capacity_pages * layout.page_bytes
         if slab is None:
-            slab, self.pinned = _allocate(nbytes, pin_memory)
+            slab, self.pinned = _allocate(name, nbytes, pin_memory)
         else:
             self.pinned = bool(pin_memory)
             if slab.dtype != np.uint8 or slab.nbytes < nbytes or not slab.flags.c_contiguous:
@@ -212,7 +213,27 @@ def _span(first: np.ndarray, nbytes: int) -> np.ndarray:
     )
 
 
-def _allocate(nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
+def _allocate(name: str, nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if nbytes > ram:
+        raise InvalidArgument(
+            f"host tier {name!r} asks for {_gib(nbytes)} of memory; this machine has {_gib(ram)}",
+            hint="lower the host tier's capacity (it is one slab in RAM)",
+        )
+    try:
+        return _map(nbytes, pin_memory)
+    except (OSError, MemoryError, RuntimeError) as exc:
+        raise InvalidArgument(
+            f"host tier {name!r}: cannot allocate {_gib(nbytes)} ({type(exc).__name__}: {exc})",
+            hint="lower the host tier's capacity, or raise the memlock limit for a pinned slab",
+        ) from None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB"
+
+
+def _map(nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
     import torch
 
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
