@@ -30,8 +30,10 @@ Guarantees:
   damaged; reads still verify every record and a damaged index is moved aside at open, so
   wrong bytes are still never returned, but the cache may come back cold.
 * **Verification.** Every read checks the header (magic, version, header checksum, layout,
-  namespace, key, key chain), that it agrees with the index (checksum, size), and the payload
-  checksum. A failure is a miss; the entry is dropped and counted by reason.
+  namespace, key, key chain), that it agrees with the index (checksum, size), the payload
+  checksum and the record's MAC (keyed by the deployment secret, so whoever can write the
+  directory but lacks the secret cannot plant a page). A failure is a miss; the entry is
+  dropped and counted by reason.
 * **Errors.** A write that meets ENOSPC, EFBIG, EDQUOT, EIO or an index commit failure is
   refused (False), logged once per condition and counted in ``kvstore_tier_errors_total``;
   reads keep working and writes resume when space frees (freed slots are reused lowest first).
@@ -67,6 +69,7 @@ from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
+from kvstore.record import RecordMac
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
 from kvstore.tiers.disk_index import DiskIndex, IndexEntry
@@ -103,6 +106,7 @@ class DiskTier(Tier):
         allow_network_fs: bool = False,
         check_index: bool = True,
         max_io_bytes: int = DEFAULT_MAX_IO_BYTES,
+        mac: RecordMac | None = None,
     ) -> None:
         """``path``: the tier's own directory (created if missing). ``io_threads``: parallel
         I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
@@ -110,7 +114,8 @@ class DiskTier(Tier):
         and sync LMDB on every commit (survives power loss; without it only process crashes).
         ``preallocate``: allocate the whole slab at start. ``allow_network_fs``: run on
         NFS/CIFS/... anyway. ``check_index``: walk the index in a child process before opening
-        it. ``max_io_bytes``: the most bytes one preadv/pwritev moves."""
+        it. ``max_io_bytes``: the most bytes one preadv/pwritev moves. ``mac``: the records'
+        MAC, keyed by the deployment secret (None: the public key)."""
         super().__init__(name, layout, capacity_pages, metrics)
         what = f"disk tier {name!r}:"
         if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
@@ -122,6 +127,7 @@ class DiskTier(Tier):
         self.path = Path(path)
         self.fsync = fsync
         self._max_io_bytes = max_io_bytes
+        self._mac = mac if mac is not None else RecordMac(None)
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
         self._entries: dict[bytes, IndexEntry] = {}
@@ -186,6 +192,7 @@ class DiskTier(Tier):
         self._slab = slab = Slab(
             path, layout, self.capacity_pages, o_direct=self.o_direct,
             max_io_bytes=self._max_io_bytes, metrics=self.metrics, tier_name=self.name,
+            mac=self._mac,
         )
         self.slot_bytes = slab.slot_bytes
         self._index = DiskIndex(

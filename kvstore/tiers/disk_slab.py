@@ -35,6 +35,7 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import (
+    RecordMac,
     header_bytes,
     pack_header,
     parse_header,
@@ -61,8 +62,10 @@ class Slab:
         max_io_bytes: int,
         metrics: Metrics,
         tier_name: str,
+        mac: RecordMac,
     ) -> None:
         self.layout = layout
+        self.mac = mac
         self.o_direct = o_direct
         self.path = directory / SLAB_FILE
         page = layout.page_bytes
@@ -151,13 +154,13 @@ class Slab:
     ) -> tuple[np.ndarray, list[int]]:
         """The header region of each of ``items`` (one aligned buffer) and their payload
         checksums."""
-        H, page = self.hdr_region, self.layout.page_bytes
+        H = self.hdr_region
         hdr = aligned_empty(len(items) * H)
         checksums = []
         for j, (meta, data) in enumerate(items):
             csum = payload_checksum(data)
             checksums.append(csum)
-            head = pack_header(meta, self.layout, payload_bytes=page, checksum=csum)
+            head = pack_header(meta, self.layout, data, self.mac, checksum=csum)
             hdr[j * H : j * H + len(head)] = np.frombuffer(head, np.uint8)
             hdr[j * H + len(head) : (j + 1) * H] = 0
         return hdr, checksums
@@ -227,7 +230,7 @@ class Slab:
     ) -> list[str | None]:
         """Verify the records :meth:`read_run` returned, ``items`` being ``(key, checksum, out)``:
         each header against the key and namespace asked for and against the index's payload
-        ``checksum``, each payload against its header. Per item: None (``out`` holds the page) or
+        ``checksum``, each payload against its header (checksum and MAC). Per item: None (``out`` holds the page) or
         the reason it failed."""
         H, page = self.hdr_region, self.layout.page_bytes
         results: list[str | None] = []
@@ -244,7 +247,7 @@ class Slab:
                     raise RecordError(f"payload of {head.payload_bytes} bytes", reason="length")
                 if head.payload_checksum != csum:
                     raise RecordError("record differs from the index", reason="payload_checksum")
-                verify_payload(head, out)
+                verify_payload(head, out, self.mac)
             except RecordError as exc:
                 results.append(exc.reason)
             else:
