@@ -23,11 +23,12 @@ the codec named in ``flags``). All integers little-endian::
 
 Reading verifies everything against what was asked for: magic, version, header checksum, the
 namespace, layout and key asked for, that ``key == xxh3_128(parent || tokens)``, the payload
-length and its checksum, and the MAC. Any mismatch raises :class:`RecordError` with a ``reason``
+length, and the MAC (the payload checksum only when the MAC fails, to name the failure). Any mismatch raises :class:`RecordError` with a ``reason``
 that tiers count; a tier turns it into a miss. Nothing beyond this fixed header is ever
 deserialised.
 
 The checksums tell damage from forgery and reject garbage early; only the MAC authenticates.
+A verified read hashes its payload once (the MAC); writes compute both.
 It is BLAKE3 in keyed mode, its key derived from the deployment's secret
 (``derive_key("kvstore record MAC v2", secret)``), over the header and the *stored payload
 itself* — never over a digest of it — truncated to 16 bytes. :class:`RecordMac` is the one
@@ -135,33 +136,11 @@ class RecordMac:
         raise TypeError("a RecordMac holds a key and is not pickled; pass the secret instead")
 
 
-class RecordDigest:
-    """The payload checksum and the MAC of one record, fed together piece by piece while the
-    payload arrives (``update``), so the payload is read once and hashed while in cache."""
-
-    __slots__ = ("_mac", "_sum", "mac")
-
-    def __init__(self, mac: RecordMac, signed: Any) -> None:
-        self._sum = xxhash.xxh3_64()
-        self._mac = mac.begin(signed)
-        self.mac = mac
-
-    def update(self, piece: Any) -> None:
-        self._sum.update(piece)
-        self._mac.update(piece)
-
-    def checksum(self) -> int:
-        return int(self._sum.intdigest())
-
-    def tag(self) -> bytes:
-        return self.mac.tag(self._mac)
-
-
-def payload_digest(mac: RecordMac, header: Any) -> RecordDigest:
-    """A :class:`RecordDigest` for the record whose raw ``header`` (``header_bytes(layout)``
-    bytes, not yet parsed or verified) was just read; feed it the payload, then
-    :func:`verify_digest` with the parsed header."""
-    return RecordDigest(mac, memoryview(header).cast("B")[:-TAG_BYTES])
+def payload_digest(mac: RecordMac, header: Any) -> Any:
+    """The MAC's hasher for the record whose raw ``header`` (``header_bytes(layout)`` bytes, not
+    yet parsed or verified) was just read: feed it the payload piece by piece while it arrives
+    (``update``), then pass it to :func:`verify_payload` with the parsed header."""
+    return mac.begin(memoryview(header).cast("B")[:-TAG_BYTES])
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,23 +249,25 @@ def verify_header(
         raise _fail("chain", "key does not hash from the record's parent and tokens")
 
 
-def verify_payload(header: RecordHeader, payload: Any, mac: RecordMac) -> None:
-    """Check the stored ``payload`` against its parsed ``header``: length, checksum, MAC."""
+def verify_payload(
+    header: RecordHeader, payload: Any, mac: RecordMac, digest: Any = None
+) -> None:
+    """Check the stored ``payload`` against its parsed ``header``: its length, then the MAC over
+    header and payload, compared in constant time. ``digest``: the hasher from
+    :func:`payload_digest` that the payload was fed to as it arrived (else it is hashed here).
+
+    Only a failed MAC costs the checksum, which names the failure: ``payload_checksum`` when the
+    payload does not match its own checksum (damage), else ``mac`` (a forgery, or a record
+    written under another secret). A verified read hashes the payload once."""
     view = memoryview(payload).cast("B")
     if view.nbytes != header.payload_bytes:
         raise _fail("length", f"payload is {view.nbytes} bytes, header says {header.payload_bytes}")
-    digest = RecordDigest(mac, header.signed)
-    digest.update(view)
-    verify_digest(header, digest)
-
-
-def verify_digest(header: RecordHeader, digest: RecordDigest) -> None:
-    """Check a payload fed to ``digest`` (:func:`payload_digest`) against its parsed header:
-    the checksum (damage), then the MAC (forgery, or another deployment's secret), compared in
-    constant time. The payload's length is the caller's to check."""
-    if digest.checksum() != header.payload_checksum:
-        raise _fail("payload_checksum", "payload checksum mismatch")
-    if not hmac.compare_digest(digest.tag(), header.tag):
+    if digest is None:
+        digest = mac.begin(header.signed)
+        digest.update(view)
+    if not hmac.compare_digest(mac.tag(digest), header.tag):
+        if payload_checksum(view) != header.payload_checksum:
+            raise _fail("payload_checksum", "payload checksum mismatch")
         raise _fail("mac", "record MAC mismatch: forged, or written under another secret")
 
 
@@ -314,7 +295,6 @@ __all__ = [
     "REASONS",
     "RECORD_VERSION",
     "TAG_BYTES",
-    "RecordDigest",
     "RecordHeader",
     "RecordMac",
     "decode_record",
@@ -324,7 +304,6 @@ __all__ = [
     "parse_header",
     "payload_checksum",
     "payload_digest",
-    "verify_digest",
     "verify_header",
     "verify_payload",
 ]

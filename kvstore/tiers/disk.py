@@ -10,8 +10,8 @@ Files in the tier's directory::
 The slot layout and the vectored I/O are in ``disk_slab.py``: a run of adjacent slots (at most
 ``max_io_bytes``) moves in one ``preadv``/``pwritev`` straight into (out of) the caller's
 buffers when they are 4096-aligned (else through a counted bounce buffer). Runs go to a pool of
-``io_threads`` workers; meanwhile the calling thread hashes the next run of a write, or verifies
-the runs of a read that are done, so checksums cost no disk time. Where the filesystem refuses
+``io_threads`` workers; meanwhile the calling thread hashes the next run of a write, and a read's
+worker verifies the run it read, so checksums and MACs cost no disk time. Where the filesystem refuses
 O_DIRECT (``o_direct="auto"``) the tier logs a warning and uses buffered I/O, same layout.
 
 Guarantees:
@@ -422,22 +422,23 @@ class DiskTier(Tier):
                 plan.append((i, entry))
         bad: list[tuple[bytes, int, str]] = []
         failure: str | None = None
-        jobs: list[tuple[list[int], Future[tuple[np.ndarray, int]]]] = []
+        jobs: list[tuple[list[int], Future[list[str | None]]]] = []
         try:
             plan.sort(key=lambda p: p[1].slot)
             slot_of = {i: e.slot for i, e in plan}
             by_index = dict(plan)
             for run in slab.runs([i for i, _ in plan], slot_of):
-                job = self._submit(slab.read_run, slot_of[run[0]], [outs[i] for i in run])
+                # Each worker verifies the run it read (checksum and MAC, while the pages are
+                # fresh), so hashing spreads over the workers instead of one calling thread.
+                items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
+                job = self._submit(slab.read_verified, slot_of[run[0]], namespace_id, items)
                 jobs.append((run, job))
-            for run, job in jobs:  # verify run k here while workers read run k+1...
+            for run, job in jobs:
                 try:
-                    hdr, got = job.result()
+                    results = job.result()
                 except OSError as exc:
                     failure = _describe(exc)
                     continue
-                items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
-                results = slab.verify_run(hdr, got, namespace_id, items)
                 for i, reason in zip(run, results):
                     if reason is None:
                         found[i] = True

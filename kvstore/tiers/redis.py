@@ -91,13 +91,11 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import (
-    RecordDigest,
     RecordMac,
     encode_header,
     header_bytes,
     parse_header,
     payload_digest,
-    verify_digest,
     verify_header,
     verify_payload,
 )
@@ -267,10 +265,10 @@ class RedisTier(Tier):
             out = outs[i]
             if n == rec_len:  # raw record: header, then the page straight into the caller's buffer
                 io.read_into(hdr_mv)
-                digest = payload_digest(self._mac, hdr_mv)  # checksum + MAC, fed as it arrives
+                digest = payload_digest(self._mac, hdr_mv)  # the MAC, fed as the page arrives
                 io.read_into(out.data, digest)
                 io.expect_crlf()
-                meta = self._check(hdr_mv, digest, namespace_id, keys[i], damaged)
+                meta = self._check(hdr_mv, out, digest, namespace_id, keys[i], damaged)
             elif hb <= n <= max_len:
                 rec = bytearray(n)
                 io.read_into(memoryview(rec))
@@ -505,20 +503,17 @@ class RedisTier(Tier):
         return packed, self._codec
 
     def _check(
-        self, hdr: memoryview, digest: RecordDigest, ns: bytes, key: bytes, damaged: list[bytes]
+        self, hdr: memoryview, out: np.ndarray, digest: Any, ns: bytes, key: bytes,
+        damaged: list[bytes],
     ) -> BlockMeta | None:
-        """Verify a raw record whose page (fed to ``digest``) already sits in the caller's
-        buffer: ``record.verify_payload``'s checks, with checksum and MAC computed on the fly."""
+        """Verify a raw record whose page already sits in ``out``, the caller's buffer, and was
+        fed to ``digest`` (``record.payload_digest``) as it arrived."""
         try:
             header = parse_header(hdr, self.layout)
             verify_header(header, self.layout, namespace_id=ns, key=key)
-            if header.codec or header.payload_bytes != self.layout.page_bytes:
-                raise RecordError(
-                    f"payload is {self.layout.page_bytes} bytes, header says "
-                    f"{header.payload_bytes} (codec {header.codec})",
-                    reason="length",
-                )
-            verify_digest(header, digest)
+            if header.codec:
+                raise RecordError(f"a page-sized payload of codec {header.codec}", reason="length")
+            verify_payload(header, out, self._mac, digest)
         except RecordError as exc:
             self._bad(key, exc.reason, damaged, hdr)
             return None

@@ -24,7 +24,7 @@ from kvstore.record import (
     pack_header,
     parse_header,
     payload_digest,
-    verify_digest,
+    verify_payload,
 )
 from tests.conftest import random_pages
 
@@ -207,11 +207,12 @@ def test_streaming_digest_agrees_with_the_whole_payload(record, layout) -> None:
     digest = payload_digest(MAC, buf[:hb])
     for i in range(0, len(payload), 7):  # fed piece by piece, as the Redis tier receives it
         digest.update(memoryview(payload)[i : i + 7])
-    verify_digest(header, digest)
+    verify_payload(header, payload, MAC, digest)
+    damaged = payload[:-1] + bytes([payload[-1] ^ 1])
     wrong = payload_digest(MAC, buf[:hb])
-    wrong.update(payload[:-1] + b"x")
-    with pytest.raises(RecordError) as info:
-        verify_digest(header, wrong)
+    wrong.update(damaged)
+    with pytest.raises(RecordError) as info:  # a failed MAC is named by the checksum: damage
+        verify_payload(header, damaged, MAC, wrong)
     assert info.value.reason == "payload_checksum"
 
 
