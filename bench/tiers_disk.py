@@ -8,13 +8,16 @@ For the same bytes (``num_pages`` pages of the Llama-3-8B layout: 32 layers, 8 K
   writes end with one ``fdatasync``. That is what one sequential stream gets from the device.
 * **kvstore** — ``DiskTier.write`` / ``DiskTier.read`` of the same pages under their keys, from
   4096-aligned buffers, default options: every write batch is fdatasync'ed and its index commit
-  synced before ``write`` returns; every read verifies header and payload checksums.
+  synced before ``write`` returns; every read verifies header and payload checksums and the
+  record MAC (keyed BLAKE3 under a deployment secret).
+* **kvstore, MAC off** — the same tier with the MAC switched off (``bench.mac.NoMac``): its
+  line "MAC on vs off" gives the MAC's cost as the ratio on/off.
 * **kvstore-unaligned** (only with ``args.unaligned``) — the same through buffers 64 bytes off
   alignment, so every page is copied through a bounce buffer: the price of handing the tier
   unaligned memory. Left out by default: the store hands the tier aligned buffers, and the
   target (>= 0.9 of the device) is about that path.
 
-The baseline and the tier alternate batch by batch (which goes first alternates too), so both
+The baseline and the tiers alternate batch by batch (which goes first rotates too), so all
 see the same moment of a shared machine's disk. Each side's throughput is the median, over every
 batch of every repetition, of the batch's bytes over its seconds: a virtual disk on a busy host
 stalls now and then for tens of milliseconds, on either side, and a median of many paired
@@ -36,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.mac import VARIANT_OFF, VARIANT_ON, mac_cost_line, tier_macs
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
 from kvstore.tiers import disk_io
@@ -79,7 +83,7 @@ def measure(args: Any) -> list[dict[str, Any]]:
     page = layout.page_bytes
     num_pages, batch, reps = (192, 32, 3) if quick else (1024, 32, 6)
     total = num_pages * page
-    base = Path(getattr(args, "dir", None) or default_dir(total * 2))
+    base = Path(getattr(args, "dir", None) or default_dir(total * 3))  # raw + 2 tiers
     work = Path(tempfile.mkdtemp(prefix="kvstore-bench-disk-", dir=base))
     try:
         unaligned = bool(getattr(args, "unaligned", False))
@@ -98,7 +102,7 @@ def _measure(
     ns = Namespace("bench/llama-3-8b", layout)
     chain = ns.chain(np.arange(num_pages * layout.block_size) % 128000)
     metas, keys = chain.metas(), chain.keys
-    names = ("raw_w", "raw_r", "put", "get", "put_u", "get_u")
+    names = ("raw_w", "raw_r", "put", "get", "put_u", "get_u", "put_off", "get_off")
     results: dict[str, list[float]] = {k: [] for k in names}
     raw_src = list(_pages(num_pages, page, aligned=True, fill=True))
     raw_dst = list(_pages(num_pages, page, aligned=True, fill=False))
@@ -108,31 +112,43 @@ def _measure(
         else:
             src = list(_pages(num_pages, page, aligned=False, fill=True))
             dst = list(_pages(num_pages, page, aligned=False, fill=False))
+        # The MAC's cost is measured on the aligned path only: MAC on and off, side by side.
+        macs = tier_macs() if aligned else {VARIANT_ON: tier_macs()[VARIANT_ON]}
         for rep in range(reps):
-            raw_path, tier_path = work / "raw.dat", work / f"tier-{rep}{suffix}"
+            raw_path = work / "raw.dat"
             fd = os.open(raw_path, os.O_RDWR | os.O_CREAT | disk_io.O_DIRECT, 0o644)
+            tiers: dict[str, DiskTier] = {}
             try:
                 os.posix_fallocate(fd, 0, total)  # the tier's slab is preallocated too
-                with DiskTier("disk", layout, num_pages, path=tier_path) as tier:
-                    raw, mine = _paired(fd, tier, ns.id, metas, keys, raw_src, src, batch)
-                    results["raw_w"] += raw
-                    results["put" + suffix] += mine
-                    raw, mine = _paired(fd, tier, ns.id, metas, keys, raw_dst, dst, batch)
-                    results["raw_r"] += raw
-                    results["get" + suffix] += mine
-                    if any(not np.array_equal(a, b) for a, b in zip(src, dst)):
-                        raise RuntimeError("disk tier returned other bytes than were written")
+                for n, (variant, mac) in enumerate(macs.items()):
+                    path = work / f"tier-{rep}{suffix}-{n}"
+                    tiers[variant] = DiskTier("disk", layout, num_pages, path=path, mac=mac)
+                for direction, raw_key, raw_pages, pages in (
+                    ("put", "raw_w", raw_src, src), ("get", "raw_r", raw_dst, dst)
+                ):
+                    raw, mine = _paired(fd, tiers, ns.id, metas, keys, raw_pages, pages, batch)
+                    results[raw_key] += raw
+                    results[direction + suffix] += mine[VARIANT_ON]
+                    if VARIANT_OFF in mine:
+                        results[direction + "_off"] += mine[VARIANT_OFF]
+                if any(not np.array_equal(a, b) for a, b in zip(src, dst)):
+                    raise RuntimeError("disk tier returned other bytes than were written")
             finally:
                 os.close(fd)
                 raw_path.unlink()
-                shutil.rmtree(tier_path, ignore_errors=True)
+                for tier in tiers.values():
+                    tier.close()
+                    shutil.rmtree(tier.path, ignore_errors=True)
     med = {k: statistics.median(v) / 1e9 for k, v in results.items() if v}
     lines = []
     for direction, raw_key, base_name in (
         ("put", "raw_w", "raw O_DIRECT sequential write"),
         ("get", "raw_r", "raw O_DIRECT sequential read"),
     ):
-        for variant, key in (("kvstore", direction), ("kvstore-unaligned", direction + "_u")):
+        for variant, key in (
+            (VARIANT_ON, direction), (VARIANT_OFF, direction + "_off"),
+            ("kvstore-unaligned", direction + "_u"),
+        ):
             if key not in med:
                 continue
             lines.append(
@@ -148,30 +164,36 @@ def _measure(
                     "ratio": med[key] / med[raw_key],
                 }
             )
+        if direction + "_off" in med:
+            on, off = med[direction], med[direction + "_off"]
+            lines.append(mac_cost_line(BENCH, f"disk/{direction}", on, off))
     return lines
 
 
 def _paired(
     fd: int,
-    tier: DiskTier,
+    tiers: dict[str, DiskTier],
     ns_id: bytes,
     metas: list[Any],
     keys: list[bytes],
     raw_pages: list[np.ndarray],
     tier_pages: list[np.ndarray],
     batch: int,
-) -> tuple[list[float], list[float]]:
-    """Bytes per second of each batch, raw file and tier, alternating batch by batch. The pages
-    are sources (a write) when the tier holds nothing yet, else destinations (a read). The raw
-    side always uses aligned buffers: it stands for the device."""
-    page = tier.layout.page_bytes
-    write = tier.used_pages == 0
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Bytes per second of each batch, raw file and each tier, alternating batch by batch (the
+    order rotates). The pages are sources (a write) when the tiers hold nothing yet, else
+    destinations (a read). The raw side always uses aligned buffers: it stands for the
+    device."""
+    first = next(iter(tiers.values()))
+    page = first.layout.page_bytes
+    write = first.used_pages == 0
     raw: list[float] = []
-    mine: list[float] = []
+    mine: dict[str, list[float]] = {name: [] for name in tiers}
+    sides = ["raw", *tiers]
     for n, i in enumerate(range(0, len(raw_pages), batch)):
         nbytes = len(raw_pages[i : i + batch]) * page
         last = i + batch >= len(raw_pages)
-        for side in ("raw", "tier") if n % 2 == 0 else ("tier", "raw"):
+        for side in sides[n % len(sides) :] + sides[: n % len(sides)]:
             t0 = time.perf_counter()
             if side == "raw":
                 part = raw_pages[i : i + batch]
@@ -185,11 +207,12 @@ def _paired(
                 raw.append(nbytes / (time.perf_counter() - t0))
             else:
                 part = tier_pages[i : i + batch]
+                tier = tiers[side]
                 if write:
                     ok = tier.write(metas[i : i + batch], part)
                 else:
                     ok = tier.read(ns_id, keys[i : i + batch], part)
-                mine.append(nbytes / (time.perf_counter() - t0))
+                mine[side].append(nbytes / (time.perf_counter() - t0))
                 if not all(ok):
                     raise RuntimeError(f"disk tier {'refused' if write else 'missed'} pages")
     return raw, mine

@@ -4,7 +4,10 @@ What is measured, in one run, on one server, with the same 2 MiB pages (Llama-3-
 layers, 8 KV heads, head_dim 128, 16-token blocks, bf16) in batches of ``batch`` pages:
 
 * ``kvstore`` — ``RedisTier.write`` / ``RedisTier.read`` (records with verified headers, checksums
-  computed on put and checked on get, pages read into the caller's buffers);
+  and the record MAC — keyed BLAKE3 under a deployment secret — computed on put and checked on
+  get, pages read into the caller's buffers);
+* ``kvstore, MAC off`` — the same tier with the MAC switched off (``bench.mac.NoMac``), under
+  its own key prefix; the line "MAC on vs off" gives the MAC's cost as the ratio on/off;
 * the baseline — raw redis-py (with hiredis) ``SET`` / ``GET`` of the same page bytes, the way a
   user would write it, in both usual styles: a pipeline per batch of the same size, and a plain
   loop of single commands. The baseline value is the *faster* of the two in this run (each is
@@ -44,6 +47,7 @@ def measure(args: Any) -> list[dict[str, Any]]:
 def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
     import redis
 
+    from bench.mac import VARIANT_OFF, VARIANT_ON, mac_cost_line, tier_macs
     from kvstore.keys import Namespace
     from kvstore.layout import KVLayout
     from kvstore.tiers.redis import RedisTier
@@ -64,19 +68,27 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
     raw_names = [f"{prefix}-raw:{i}".encode() for i in range(n)]
     batches = [range(b * batch, (b + 1) * batch) for b in range(n_batches)]
 
-    tier = RedisTier("redis", layout, n, url=url, key_prefix=prefix, timeout_s=30.0)
+    tiers = {
+        variant: RedisTier("redis", layout, n, url=url, key_prefix=f"{prefix}-{i}",
+                           timeout_s=30.0, mac=mac)
+        for i, (variant, mac) in enumerate(tier_macs().items())
+    }
     client = redis.Redis.from_url(url, socket_timeout=30)
     try:
 
-        def ours_put() -> None:
-            for r in batches:
-                ok = tier.write(metas[r.start : r.stop], page_list[r.start : r.stop])
-                assert all(ok), "kvstore put refused pages"
+        def ours_put(tier: RedisTier) -> Callable[[], None]:
+            def put() -> None:
+                for r in batches:
+                    ok = tier.write(metas[r.start : r.stop], page_list[r.start : r.stop])
+                    assert all(ok), "kvstore put refused pages"
+            return put
 
-        def ours_get() -> None:
-            for r in batches:
-                ok = tier.read(ns.id, chain.keys[r.start : r.stop], out_list[r.start : r.stop])
-                assert all(ok), "kvstore get missed pages"
+        def ours_get(tier: RedisTier) -> Callable[[], None]:
+            def get() -> None:
+                for r in batches:
+                    ok = tier.read(ns.id, chain.keys[r.start : r.stop], out_list[r.start : r.stop])
+                    assert all(ok), "kvstore get missed pages"
+            return get
 
         def raw_put_pipe() -> None:
             for r in batches:
@@ -101,16 +113,19 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
             for i in range(n):
                 assert client.get(raw_names[i]) is not None
 
-        puts = {"kvstore": ours_put, "pipeline": raw_put_pipe, "loop": raw_put_loop}
-        gets = {"kvstore": ours_get, "pipeline": raw_get_pipe, "loop": raw_get_loop}
+        puts = {v: ours_put(t) for v, t in tiers.items()}
+        puts.update(pipeline=raw_put_pipe, loop=raw_put_loop)
+        gets = {v: ours_get(t) for v, t in tiers.items()}
+        gets.update(pipeline=raw_get_pipe, loop=raw_get_loop)
         for fn in (*puts.values(), *gets.values()):  # warm up: connections, allocator, keys
             fn()
         assert np.array_equal(outs, pages), "kvstore returned other bytes than it stored"
         put_s = _interleaved(puts, rounds)
         get_s = _interleaved(gets, rounds)
     finally:
-        _cleanup(client, tier, chain.keys, raw_names)
-        tier.close()
+        for tier in tiers.values():
+            _cleanup(client, tier, chain.keys, raw_names)
+            tier.close()
         client.close()
 
     nbytes = rounds * n * layout.page_bytes
@@ -118,9 +133,11 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
     for case, times, cmd in (("redis/put", put_s, "SET"), ("redis/get", get_s, "GET")):
         gbs = {k: nbytes / t / 1e9 for k, t in times.items()}
         base = max(gbs["pipeline"], gbs["loop"])
-        lines.append(_line(case, "kvstore", gbs["kvstore"], f"raw redis-py {cmd}", base))
+        for variant in (VARIANT_ON, VARIANT_OFF):
+            lines.append(_line(case, variant, gbs[variant], f"raw redis-py {cmd}", base))
         lines.append(_line(case, f"raw redis-py {cmd} pipeline ({batch}/batch)", gbs["pipeline"]))
         lines.append(_line(case, f"raw redis-py {cmd} loop", gbs["loop"]))
+        lines.append(mac_cost_line(BENCH, case, gbs[VARIANT_ON], gbs[VARIANT_OFF]))
     return lines
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from kvstore.config import KVStoreConfig
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
+from kvstore.record import RecordMac
 from kvstore.store import TieredStore
-from kvstore.tiers import Tier, make_tier
+from kvstore.tiers import Tier, make_tier, tier_class
+
+log = logging.getLogger("kvstore.build")
 
 
 def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredStore:
@@ -14,10 +19,18 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
     the ones already opened are closed and the error propagates (the start stops)."""
     metrics = metrics if metrics is not None else Metrics()
     layout = cfg.layout.build()
+    mac = RecordMac(cfg.security.secret_bytes())
+    shared = [t.name for t in cfg.tiers if tier_class(t.kind).shared]
+    if shared and not mac.authenticated:
+        log.warning(
+            "shared tier(s) %s run without security.secret: their records are checked for "
+            "integrity only, and anyone who can write to them can have forged pages served; "
+            "set KVSTORE_SECURITY__SECRET or security.secret_file on every node", shared,
+        )
     tiers: list[Tier] = []
     try:
         for tcfg in cfg.tiers:
-            tiers.append(make_tier(tcfg, layout, metrics))
+            tiers.append(make_tier(tcfg, layout, metrics, mac=mac))
         s = cfg.store
         return TieredStore(
             layout,
@@ -37,4 +50,7 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
 
 
 def build_namespace(cfg: KVStoreConfig) -> Namespace:
-    return Namespace(cfg.model_id, cfg.layout.build(), cfg.tenant_salt)
+    """The configured namespace; its tenant salt is keyed by ``security.secret`` when set."""
+    return Namespace(
+        cfg.model_id, cfg.layout.build(), cfg.tenant_salt, cfg.security.secret_bytes()
+    )

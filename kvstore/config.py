@@ -9,7 +9,8 @@ Environment overrides use ``__`` for nesting and JSON for lists, e.g.::
     KVSTORE_TIERS='[{"kind": "host", "capacity": "8GiB", "policy": "s3fifo"}]'
 
 Environment beats file beats defaults. Any bad value raises :class:`ConfigError` whose message
-names the field, the value given and what is allowed. Only this module reads the environment.
+names the field, the value given and what is allowed — except secrets, whose values are never
+shown. Only this module reads the environment (and the secret file).
 """
 
 from __future__ import annotations
@@ -248,6 +249,53 @@ class ConnectorConfig(_Strict):
     layerwise: bool = True
 
 
+#: The shortest deployment secret accepted, in bytes (kvstore.record.MIN_SECRET_BYTES).
+_MIN_SECRET_BYTES = 16
+#: Fields whose values are never echoed in an error message.
+_SECRET_FIELDS = frozenset({"secret", "password"})
+
+
+class SecurityConfig(_Strict):
+    """The per-deployment secret: it keys every record's MAC on the disk and Redis tiers (so a
+    party that can write there cannot have a page of its own served) and the tenant salts (so
+    keys cannot be computed from a salt alone). Every node of a deployment needs the same one.
+    Give it inline (``KVSTORE_SECURITY__SECRET``) or as a file (``secret_file``: its content,
+    trailing whitespace removed), at least 16 bytes, e.g. ``openssl rand -hex 32``. Never
+    printed or logged.
+
+    Without one, records carry a MAC under a public key (integrity only: anyone who can write
+    a shared tier can forge pages) and keys are computed from the salt alone; a store with a
+    Redis tier warns at start."""
+
+    secret: SecretStr | None = Field(None, description="the deployment secret (never printed)")
+    secret_file: FilePath | None = Field(None, description="a file holding the secret")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecurityConfig:
+        if self.secret is not None and self.secret_file is not None:
+            raise ValueError("set exactly one of secret and secret_file, or neither")
+        if self.secret_file is not None:
+            try:
+                self.secret_bytes()
+            except OSError as exc:
+                raise ValueError(f"secret_file {self.secret_file}: {exc.strerror}") from None
+        got = self.secret_bytes()
+        if got is not None and len(got) < _MIN_SECRET_BYTES:
+            raise ValueError(
+                f"the secret has {len(got)} bytes, needs at least {_MIN_SECRET_BYTES} "
+                "(e.g. `openssl rand -hex 32`)"
+            )
+        return self
+
+    def secret_bytes(self) -> bytes | None:
+        """The secret, or None when none is configured (reads ``secret_file`` each call)."""
+        if self.secret is not None:
+            return self.secret.get_secret_value().encode()
+        if self.secret_file is not None:
+            return self.secret_file.read_bytes().rstrip()
+        return None
+
+
 class KVStoreConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -259,6 +307,7 @@ class KVStoreConfig(BaseSettings):
     store: StoreConfig = StoreConfig()
     tiers: list[TierConfig] = Field(default_factory=lambda: [_default_tier()], min_length=1)
     connector: ConnectorConfig = ConnectorConfig()
+    security: SecurityConfig = SecurityConfig()
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:
@@ -348,6 +397,7 @@ def _describe(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         given = err.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {given!r:.80})"
+        secret = any(p in _SECRET_FIELDS for p in err["loc"]) or "security" in err["loc"]
+        shown = "" if isinstance(given, dict) or secret else f" (got {given!r:.80})"
         lines.append(f"  {loc}: {err['msg']}{shown}")
     return "\n".join(lines)

@@ -7,6 +7,15 @@ Namespace seed (16 bytes)::
                      || u32le(len(model_id)) || model_id (UTF-8)
                      || u32le(len(salt))     || salt     (UTF-8) )
 
+With a deployment secret (``security.secret``) the salt field holds the tenant salt keyed by it
+instead of the salt itself::
+
+    salt = BLAKE3( salt (UTF-8), key = BLAKE3-derive_key("kvstore tenant salt v1", secret) )
+
+(32 bytes), so a namespace's seed — hence its keys — cannot be computed from the tenant salt
+alone, and two deployments with different secrets never share keys. Without a secret the seed
+is exactly as above (the README's test vector).
+
 Block keys, one per *full* block of ``block_size`` tokens (a trailing partial block gets none)::
 
     key[-1] = seed
@@ -23,9 +32,10 @@ from __future__ import annotations
 import array
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
+import blake3
 import numpy as np
 import xxhash
 
@@ -35,19 +45,24 @@ from kvstore.layout import KVLayout
 KEY_BYTES = 16
 _MAX_TOKEN_ID = 2**31 - 1
 _h128 = xxhash.xxh3_128_digest
+SALT_CONTEXT = "kvstore tenant salt v1"  # BLAKE3 derive_key context of the salt key
 
 
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """Who may see a page: a model, a page layout and a tenant salt (set by the operator or
-    gateway, never by end users; pages of two salts are invisible to each other)."""
+    gateway, never by end users; pages of two salts are invisible to each other).
+
+    ``secret``: the deployment secret the salt is keyed with (see the module docstring), or
+    None. It is not kept: only the seed it gives, which is part of equality."""
 
     model_id: str
     layout: KVLayout
     tenant_salt: str = ""
-    seed: bytes = field(init=False, repr=False, compare=False)
+    secret: InitVar[bytes | None] = None
+    seed: bytes = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, secret: bytes | None) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
             raise InvalidArgument(
                 f"model_id must be a non-empty string, got {self.model_id!r}",
@@ -57,6 +72,9 @@ class Namespace:
             raise InvalidArgument(f"tenant_salt must be a string, got {self.tenant_salt!r}")
         model = self.model_id.encode()
         salt = self.tenant_salt.encode()
+        if secret is not None:
+            key = blake3.blake3(secret, derive_key_context=SALT_CONTEXT).digest()
+            salt = blake3.blake3(salt, key=key).digest()
         material = b"".join(
             (
                 b"kvstore-ns/v1\0",

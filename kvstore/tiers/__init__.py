@@ -12,6 +12,7 @@ from kvstore.tiers.base import Tier
 if TYPE_CHECKING:
     from kvstore.layout import KVLayout
     from kvstore.metrics import Metrics
+    from kvstore.record import RecordMac
 
 #: kind -> "module:Class"
 TIERS: dict[str, str] = {
@@ -20,6 +21,8 @@ TIERS: dict[str, str] = {
     "disk": "kvstore.tiers.disk:DiskTier",
     "redis": "kvstore.tiers.redis:RedisTier",
 }
+#: Kinds whose pages leave the process as records (kvstore.record): they take the record MAC.
+RECORD_TIERS = frozenset({"disk", "redis"})
 
 
 def tier_class(kind: str) -> type[Tier]:
@@ -41,11 +44,17 @@ def tier_class(kind: str) -> type[Tier]:
     return cls  # type: ignore[no-any-return]
 
 
-def make_tier(cfg: Any, layout: KVLayout, metrics: Metrics) -> Tier:
-    """Build a tier from its config model (``kvstore.config.*TierConfig``)."""
+def make_tier(
+    cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None
+) -> Tier:
+    """Build a tier from its config model (``kvstore.config.*TierConfig``); a tier that writes
+    records gets ``mac`` (None: the public key, integrity only)."""
     cls = tier_class(cfg.kind)
     capacity_pages = int(cfg.capacity) // layout.page_bytes
-    return cls(cfg.name, layout, capacity_pages, metrics, **cfg.tier_kwargs())
+    kwargs = cfg.tier_kwargs()
+    if cfg.kind in RECORD_TIERS and mac is not None:
+        kwargs["mac"] = mac
+    return cls(cfg.name, layout, capacity_pages, metrics, **kwargs)
 
 
-__all__ = ["TIERS", "Tier", "make_tier", "tier_class"]
+__all__ = ["RECORD_TIERS", "TIERS", "Tier", "make_tier", "tier_class"]

@@ -10,8 +10,8 @@ Files in the tier's directory::
 The slot layout and the vectored I/O are in ``disk_slab.py``: a run of adjacent slots (at most
 ``max_io_bytes``) moves in one ``preadv``/``pwritev`` straight into (out of) the caller's
 buffers when they are 4096-aligned (else through a counted bounce buffer). Runs go to a pool of
-``io_threads`` workers; meanwhile the calling thread hashes the next run of a write, or verifies
-the runs of a read that are done, so checksums cost no disk time. Where the filesystem refuses
+``io_threads`` workers; meanwhile the calling thread hashes the next run of a write, and a read's
+worker verifies the run it read, so checksums and MACs cost no disk time. Where the filesystem refuses
 O_DIRECT (``o_direct="auto"``) the tier logs a warning and uses buffered I/O, same layout.
 
 Guarantees:
@@ -30,8 +30,10 @@ Guarantees:
   damaged; reads still verify every record and a damaged index is moved aside at open, so
   wrong bytes are still never returned, but the cache may come back cold.
 * **Verification.** Every read checks the header (magic, version, header checksum, layout,
-  namespace, key, key chain), that it agrees with the index (checksum, size), and the payload
-  checksum. A failure is a miss; the entry is dropped and counted by reason.
+  namespace, key, key chain), that it agrees with the index (checksum, size), the payload
+  checksum and the record's MAC (keyed by the deployment secret, so whoever can write the
+  directory but lacks the secret cannot plant a page). A failure is a miss; the entry is
+  dropped and counted by reason.
 * **Errors.** A write that meets ENOSPC, EFBIG, EDQUOT, EIO or an index commit failure is
   refused (False), logged once per condition and counted in ``kvstore_tier_errors_total``;
   reads keep working and writes resume when space frees (freed slots are reused lowest first).
@@ -67,6 +69,7 @@ from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
+from kvstore.record import RecordMac
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
 from kvstore.tiers.disk_index import DiskIndex, IndexEntry
@@ -103,6 +106,7 @@ class DiskTier(Tier):
         allow_network_fs: bool = False,
         check_index: bool = True,
         max_io_bytes: int = DEFAULT_MAX_IO_BYTES,
+        mac: RecordMac | None = None,
     ) -> None:
         """``path``: the tier's own directory (created if missing). ``io_threads``: parallel
         I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
@@ -110,7 +114,8 @@ class DiskTier(Tier):
         and sync LMDB on every commit (survives power loss; without it only process crashes).
         ``preallocate``: allocate the whole slab at start. ``allow_network_fs``: run on
         NFS/CIFS/... anyway. ``check_index``: walk the index in a child process before opening
-        it. ``max_io_bytes``: the most bytes one preadv/pwritev moves."""
+        it. ``max_io_bytes``: the most bytes one preadv/pwritev moves. ``mac``: the records'
+        MAC, keyed by the deployment secret (None: the public key)."""
         super().__init__(name, layout, capacity_pages, metrics)
         what = f"disk tier {name!r}:"
         if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
@@ -122,6 +127,7 @@ class DiskTier(Tier):
         self.path = Path(path)
         self.fsync = fsync
         self._max_io_bytes = max_io_bytes
+        self._mac = mac if mac is not None else RecordMac(None)
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
         self._entries: dict[bytes, IndexEntry] = {}
@@ -186,6 +192,7 @@ class DiskTier(Tier):
         self._slab = slab = Slab(
             path, layout, self.capacity_pages, o_direct=self.o_direct,
             max_io_bytes=self._max_io_bytes, metrics=self.metrics, tier_name=self.name,
+            mac=self._mac,
         )
         self.slot_bytes = slab.slot_bytes
         self._index = DiskIndex(
@@ -415,22 +422,23 @@ class DiskTier(Tier):
                 plan.append((i, entry))
         bad: list[tuple[bytes, int, str]] = []
         failure: str | None = None
-        jobs: list[tuple[list[int], Future[tuple[np.ndarray, int]]]] = []
+        jobs: list[tuple[list[int], Future[list[str | None]]]] = []
         try:
             plan.sort(key=lambda p: p[1].slot)
             slot_of = {i: e.slot for i, e in plan}
             by_index = dict(plan)
             for run in slab.runs([i for i, _ in plan], slot_of):
-                job = self._submit(slab.read_run, slot_of[run[0]], [outs[i] for i in run])
+                # Each worker verifies the run it read (checksum and MAC, while the pages are
+                # fresh), so hashing spreads over the workers instead of one calling thread.
+                items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
+                job = self._submit(slab.read_verified, slot_of[run[0]], namespace_id, items)
                 jobs.append((run, job))
-            for run, job in jobs:  # verify run k here while workers read run k+1...
+            for run, job in jobs:
                 try:
-                    hdr, got = job.result()
+                    results = job.result()
                 except OSError as exc:
                     failure = _describe(exc)
                     continue
-                items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
-                results = slab.verify_run(hdr, got, namespace_id, items)
                 for i, reason in zip(run, results):
                     if reason is None:
                         found[i] = True

@@ -15,8 +15,10 @@ Guarantees
       ``--save "" --appendonly no``). Pages may vanish at any time: TTL expiry, the server's
       ``maxmemory-policy``, another node's delete. A vanished page is a miss.
     * **Integrity** — every read verifies the record against the namespace, key and layout asked
-      for, and the payload checksum. A foreign, stale or garbage value is a miss and is counted
-      by reason; a damaged one (bad magic, checksums, length, key or chain) is also deleted. A
+      for, the payload checksum and the record's MAC (keyed by the deployment secret: a page
+      forged by someone who can write to Redis but lacks the secret fails it). A foreign, stale
+      or garbage value is a miss and is counted by reason; a damaged or forged one (bad magic,
+      checksums, MAC, length, key or chain) is also deleted. A
       well-formed record that is merely foreign (another namespace, layout, format version, or a
       codec this process lacks) is left for the nodes that can use it — also when its size is
       impossible for this layout: such a value is classed by its header, never by its size
@@ -91,7 +93,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
-import xxhash
 from redis.crc import key_slot
 
 from kvstore.errors import RecordError, TierUnavailable
@@ -99,9 +100,11 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import (
+    RecordMac,
     encode_header,
     header_bytes,
     parse_header,
+    payload_digest,
     verify_header,
     verify_payload,
 )
@@ -130,7 +133,8 @@ CODEC_ZSTD = CODECS["zstd"]  # record codec id of zstd-compressed payloads
 #: Failed checks after which the stored value is deleted (it can never be read by anyone).
 #: Other reasons (namespace, layout, version, codec) mean "well-formed but not for us".
 _DAMAGED = frozenset(
-    {"truncated", "magic", "header_checksum", "key", "chain", "length", "payload_checksum"}
+    {"truncated", "magic", "header_checksum", "key", "chain", "length", "payload_checksum",
+     "mac"}
 )
 _META_CACHE = 4096  # recent headers kept for meta()
 _WINDOW_BYTES = 5 << 20  # value bytes in flight per server during a get (deeper costs the server)
@@ -168,9 +172,11 @@ class RedisTier(Tier):
         ttl_s: float | None = None,
         compression: Compression = "none",
         key_prefix: str = "kvstore",
+        mac: RecordMac | None = None,
     ) -> None:
         """Connect to one server (``url``, e.g. ``redis://[user:password@]host:6379/0``;
         ``rediss://`` for TLS) or to a Redis Cluster (``cluster_nodes``, seeds as ``host:port``).
+        ``mac``: the records' MAC, keyed by the deployment secret (None: the public key).
 
         Raises :class:`ConfigError` for a bad setting or rejected credentials, and
         :class:`TierUnavailable` when no server answers within ``connect_timeout_s``.
@@ -187,6 +193,7 @@ class RedisTier(Tier):
         self._zstd = load_zstd(required=compression == "zstd", tier=name)
         self._local = threading.local()  # zstd (de)compressors are not thread-safe
         self._prefix = key_prefix.encode() + b":"
+        self._mac = mac if mac is not None else RecordMac(None)
         self._hb = header_bytes(layout)
         self._rec_len = self._hb + layout.page_bytes
         self._window = max(1, _WINDOW_BYTES // self._rec_len)
@@ -274,10 +281,10 @@ class RedisTier(Tier):
             out = outs[i]
             if n == rec_len:  # raw record: header, then the page straight into the caller's buffer
                 io.read_into(hdr_mv)
-                digest = xxhash.xxh3_64()  # fed while the page arrives (== record.payload_checksum)
+                digest = payload_digest(self._mac, hdr_mv)  # the MAC, fed as the page arrives
                 io.read_into(out.data, digest)
                 io.expect_crlf()
-                meta = self._check(hdr_mv, digest.intdigest(), namespace_id, keys[i], bad)
+                meta = self._check(hdr_mv, out, digest, namespace_id, keys[i], bad)
             elif hb <= n <= max_len:
                 rec = bytearray(n)
                 io.read_into(memoryview(rec))
@@ -317,7 +324,7 @@ class RedisTier(Tier):
 
         def build(i: int) -> Sequence[Any]:
             payload, flags = self._encode(pages[i])
-            header = encode_header(metas[i], self.layout, payload, flags=flags)
+            header = encode_header(metas[i], self.layout, payload, self._mac, flags=flags)
             size = len(header) + memoryview(payload).nbytes
             head = command_head((b"SET", names[i]), size, extra)
             return (head, header, payload, tail)
@@ -516,21 +523,17 @@ class RedisTier(Tier):
         return packed, self._codec
 
     def _check(
-        self, hdr: memoryview, checksum: int, ns: bytes, key: bytes, bad: dict[bytes, bool]
+        self, hdr: memoryview, out: np.ndarray, digest: Any, ns: bytes, key: bytes,
+        bad: dict[bytes, bool],
     ) -> BlockMeta | None:
-        """Verify a raw record whose page (of checksum ``checksum``) already sits in the
-        caller's buffer: ``record.verify_payload``'s checks, with the hash computed on the fly."""
+        """Verify a raw record whose page already sits in ``out``, the caller's buffer, and was
+        fed to ``digest`` (``record.payload_digest``) as it arrived."""
         try:
             header = parse_header(hdr, self.layout)
             verify_header(header, self.layout, namespace_id=ns, key=key)
-            if header.codec or header.payload_bytes != self.layout.page_bytes:
-                raise RecordError(
-                    f"payload is {self.layout.page_bytes} bytes, header says "
-                    f"{header.payload_bytes} (codec {header.codec})",
-                    reason="length",
-                )
-            if checksum != header.payload_checksum:
-                raise RecordError("payload checksum mismatch", reason="payload_checksum")
+            if header.codec:
+                raise RecordError(f"a page-sized payload of codec {header.codec}", reason="length")
+            verify_payload(header, out, self._mac, digest)
         except RecordError as exc:
             self._bad(key, exc.reason, bad, hdr)
             return None
@@ -546,7 +549,7 @@ class RedisTier(Tier):
             header = parse_header(view, self.layout)
             verify_header(header, self.layout, namespace_id=ns, key=key)
             payload = view[self._hb :]
-            verify_payload(header, payload)
+            verify_payload(header, payload, self._mac)
             if header.codec == 0:
                 raise RecordError("raw payload of the wrong size", reason="length")
             if header.codec != CODEC_ZSTD or self._zstd is None:

@@ -413,6 +413,7 @@ def test_store_writes_commits_through(layout: KVLayout, ns: Namespace) -> None:
         blocks = hbm.allocate(2)
         pages = fill(hbm, blocks, seed=7)
         hbm.commit(blocks, chain.metas())
+        store.drain()  # the copy down runs on the store's mover, off the engine thread
         assert host.contains(chain.keys) == [True, True]
         out = np.zeros_like(pages)
         assert host.read(ns.id, chain.keys, list(out)) == [True, True]

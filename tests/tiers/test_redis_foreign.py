@@ -12,7 +12,9 @@ import pytest
 
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
-from kvstore.record import encode_header, pack_header, payload_checksum
+from kvstore.record import RecordMac, encode_header, pack_header, payload_checksum
+
+MAC = RecordMac()  # the tiers' key when no deployment secret is set
 from kvstore.store import TieredStore
 from kvstore.tiers.redis import CODEC_ZSTD
 from tests.redis_servers import RedisServer
@@ -34,13 +36,13 @@ def _foreign_record(kind: str, meta: BlockMeta) -> bytes:
     if kind == "other_namespace_valid_chain":  # the owner's key, parent and tokens: chain holds
         other_ns, _ = chain(SMALL, 1, salt="intruder")
         forged = BlockMeta(other_ns.id, meta.key, meta.parent, meta.token_ids)
-        return encode_header(forged, SMALL, page) + page
+        return encode_header(forged, SMALL, page, MAC) + page
     if kind == "other_layout":  # another layout's genuine record, copied under this key
         ns, ch = chain(SMALL_BF16, 1)
-        return encode_header(ch.meta(0), SMALL_BF16, page) + page
+        return encode_header(ch.meta(0), SMALL_BF16, page, MAC) + page
     assert kind == "undecodable_zstd"  # says zstd, checksum right, not a zstd frame
     junk = b"\x00not a zstd frame" * 64
-    header = pack_header(meta, SMALL, payload_bytes=len(junk), checksum=payload_checksum(junk),
+    header = pack_header(meta, SMALL, junk, MAC, checksum=payload_checksum(junk),
                          flags=CODEC_ZSTD)
     return header + junk
 

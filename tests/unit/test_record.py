@@ -1,24 +1,35 @@
-"""The record format: a tampered record is never returned, whatever was changed."""
+"""The record format: a tampered record is never returned, whatever was changed; a record
+forged without the deployment secret fails its MAC."""
 
 from __future__ import annotations
 
 import struct
+
+import blake3
+import xxhash
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvstore import KVLayout, Namespace, RecordError
+from kvstore import InvalidArgument, KVLayout, Namespace, RecordError
 from kvstore.record import (
     REASONS,
+    TAG_BYTES,
+    RecordMac,
     decode_record,
     encode_header,
     header_bytes,
     pack_header,
     parse_header,
+    payload_digest,
+    verify_payload,
 )
 from tests.conftest import random_pages
+
+SECRET = b"a-deployment-secret-of-32-bytes!"
+MAC = RecordMac(SECRET)
 
 
 @pytest.fixture
@@ -26,17 +37,19 @@ def record(layout: KVLayout, ns: Namespace) -> tuple[bytes, bytes, bytes]:
     chain = ns.chain(list(range(40)))
     payload = random_pages(layout, 1)[0].tobytes()
     meta = chain.meta(3)
-    return encode_header(meta, layout, payload) + payload, meta.key, payload
+    return encode_header(meta, layout, payload, MAC) + payload, meta.key, payload
 
 
-def _decode(buf: bytes, layout: KVLayout, ns: Namespace, key: bytes) -> bytes:
-    return bytes(decode_record(buf, layout, namespace_id=ns.id, key=key)[1])
+def _decode(
+    buf: bytes, layout: KVLayout, ns: Namespace, key: bytes, mac: RecordMac = MAC
+) -> bytes:
+    return bytes(decode_record(buf, layout, mac, namespace_id=ns.id, key=key)[1])
 
 
 def test_round_trip(record, layout, ns) -> None:
     buf, key, payload = record
     assert _decode(buf, layout, ns, key) == payload
-    assert len(buf) == header_bytes(layout) + layout.page_bytes == 104 + 4 * 4 + 256
+    assert len(buf) == header_bytes(layout) + layout.page_bytes == 120 + 4 * 4 + 256
 
 
 @given(bit=st.integers(min_value=0))
@@ -92,7 +105,7 @@ def test_wrong_tokens_even_with_a_valid_header_checksum(layout, ns) -> None:
     meta = chain.meta(2)
     forged = type(meta)(meta.namespace_id, meta.key, meta.parent, struct.pack("<4i", 9, 9, 9, 9))
     payload = random_pages(layout, 1)[0].tobytes()
-    buf = encode_header(forged, layout, payload) + payload
+    buf = encode_header(forged, layout, payload, MAC) + payload
     with pytest.raises(RecordError) as info:
         _decode(buf, layout, ns, meta.key)
     assert info.value.reason == "chain"
@@ -102,14 +115,14 @@ def test_other_layout(record, ns) -> None:
     buf, key, _ = record
     other = KVLayout(2, 2, 4, 4, "bfloat16")  # same page size, other dtype
     with pytest.raises(RecordError) as info:
-        decode_record(buf, other, namespace_id=ns.id, key=key)
+        decode_record(buf, other, MAC, namespace_id=ns.id, key=key)
     assert info.value.reason == "layout"
 
 
 def test_swapped_payloads(layout, ns) -> None:
     chain = ns.chain(list(range(40)))
     p1, p2 = (p.tobytes() for p in random_pages(layout, 2))
-    h1 = encode_header(chain.meta(0), layout, p1)
+    h1 = encode_header(chain.meta(0), layout, p1, MAC)
     with pytest.raises(RecordError) as info:
         _decode(h1 + p2, layout, ns, chain.keys[0])
     assert info.value.reason == "payload_checksum"
@@ -126,13 +139,110 @@ def test_pack_rejects_wrong_token_count(layout, ns) -> None:
     meta = ns.chain(list(range(40))).meta(0)
     bad = type(meta)(meta.namespace_id, meta.key, meta.parent, meta.token_ids[:-4])
     with pytest.raises(ValueError, match="tokens"):
-        pack_header(bad, layout, payload_bytes=1, checksum=0)
+        pack_header(bad, layout, b"x", MAC, checksum=0)
 
 
 def test_numpy_payload(layout, ns) -> None:
     page = random_pages(layout, 1)[0]
     meta = ns.chain(list(range(8))).meta(1)
-    buf = encode_header(meta, layout, page) + page.tobytes()
+    buf = encode_header(meta, layout, page, MAC) + page.tobytes()
     assert np.array_equal(
         np.frombuffer(_decode(buf, layout, ns, meta.key), dtype=np.uint8), page
     )
+
+
+# --------------------------------------------------------------------- authentication
+
+
+def _recompute_checksums(rec: bytearray, layout: KVLayout) -> None:
+    """What anyone can do: fix both xxh3 checksums after changing the record."""
+    hb, n = header_bytes(layout), layout.block_size
+    struct.pack_into("<Q", rec, 76, xxhash.xxh3_64_intdigest(bytes(rec[hb:])))
+    struct.pack_into("<Q", rec, 96 + 4 * n, xxhash.xxh3_64_intdigest(bytes(rec[: 96 + 4 * n])))
+
+
+def test_forged_payload_with_recomputed_checksums_fails_the_mac(record, layout, ns) -> None:
+    buf, key, payload = record
+    forged = bytearray(buf)
+    forged[header_bytes(layout) :] = bytes(len(payload))
+    _recompute_checksums(forged, layout)
+    with pytest.raises(RecordError) as info:
+        _decode(bytes(forged), layout, ns, key)
+    assert info.value.reason == "mac"
+
+
+@pytest.mark.parametrize("other", [None, b"another-deployment-secret-123456"])
+def test_record_of_another_secret_fails_the_mac(record, layout, ns, other) -> None:
+    buf, key, payload = record
+    with pytest.raises(RecordError) as info:
+        _decode(buf, layout, ns, key, RecordMac(other))
+    assert info.value.reason == "mac"
+    # ... and a record written without a secret is not accepted where one is set.
+    meta = parse_header(buf, layout).meta()
+    public = encode_header(meta, layout, payload, RecordMac(other)) + payload
+    with pytest.raises(RecordError) as info:
+        _decode(public, layout, ns, key)
+    assert info.value.reason == "mac"
+    assert _decode(public, layout, ns, key, RecordMac(other)) == payload
+
+
+def test_the_mac_is_keyed_blake3_over_header_and_payload(record, layout) -> None:
+    """The spec (README): tag = BLAKE3 keyed with derive_key("kvstore record MAC v2", secret),
+    over every header byte before the tag, then the stored payload; its first 16 bytes."""
+    buf, _, payload = record
+    hb = header_bytes(layout)
+    key = blake3.blake3(SECRET, derive_key_context="kvstore record MAC v2").digest()
+    expect = blake3.blake3(buf[: hb - TAG_BYTES] + payload, key=key).digest(TAG_BYTES)
+    assert buf[hb - TAG_BYTES : hb] == expect
+    public = blake3.blake3(b"", derive_key_context="kvstore record MAC v2").digest()
+    buf2 = encode_header(parse_header(buf, layout).meta(), layout, payload, RecordMac(None))
+    assert buf2[-TAG_BYTES:] == blake3.blake3(
+        buf2[:-TAG_BYTES] + payload, key=public).digest(TAG_BYTES)
+
+
+def test_streaming_digest_agrees_with_the_whole_payload(record, layout) -> None:
+    buf, _, payload = record
+    hb = header_bytes(layout)
+    header = parse_header(buf, layout)
+    digest = payload_digest(MAC, buf[:hb])
+    for i in range(0, len(payload), 7):  # fed piece by piece, as the Redis tier receives it
+        digest.update(memoryview(payload)[i : i + 7])
+    verify_payload(header, payload, MAC, digest)
+    damaged = payload[:-1] + bytes([payload[-1] ^ 1])
+    wrong = payload_digest(MAC, buf[:hb])
+    wrong.update(damaged)
+    with pytest.raises(RecordError) as info:  # a failed MAC is named by the checksum: damage
+        verify_payload(header, damaged, MAC, wrong)
+    assert info.value.reason == "payload_checksum"
+
+
+def test_records_of_format_v1_read_as_version(record, layout, ns) -> None:
+    buf, key, _ = record
+    old = bytearray(buf)
+    struct.pack_into("<H", old, 4, 1)
+    _recompute_checksums(old, layout)
+    with pytest.raises(RecordError) as info:
+        _decode(bytes(old), layout, ns, key)
+    assert info.value.reason == "version"
+
+
+def test_the_secret_is_in_no_repr_or_message(record, layout, ns) -> None:
+    assert "mac" in REASONS
+    for text in (repr(MAC), str(MAC), repr(RecordMac(None))):
+        assert SECRET.decode() not in text and SECRET.hex() not in text
+    assert "authenticated=True" in repr(MAC) and "authenticated=False" in repr(RecordMac(None))
+    buf, key, _ = record
+    with pytest.raises(RecordError) as info:
+        _decode(buf, layout, ns, key, RecordMac(b"another-deployment-secret-123456"))
+    assert SECRET.decode() not in str(info.value) + info.value.hint
+    with pytest.raises(TypeError):
+        import pickle
+
+        pickle.dumps(MAC)
+
+
+def test_secret_must_be_bytes_of_some_length() -> None:
+    with pytest.raises(InvalidArgument):
+        RecordMac(b"short")
+    with pytest.raises(InvalidArgument):
+        RecordMac("a-str-not-bytes-of-32-characters")  # type: ignore[arg-type]
