@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from kvstore.config import KVStoreConfig
+import errno
+
+from kvstore.config import KVStoreConfig, TierConfig
+from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
+from kvstore.sizes import format_size
 from kvstore.store import TieredStore
 from kvstore.tiers import Tier, make_tier
 
@@ -16,8 +21,8 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
     layout = cfg.layout.build()
     tiers: list[Tier] = []
     try:
-        for tcfg in cfg.tiers:
-            tiers.append(make_tier(tcfg, layout, metrics))
+        for i, tcfg in enumerate(cfg.tiers):
+            tiers.append(_open_tier(i, tcfg, layout, metrics))
         s = cfg.store
         return TieredStore(
             layout,
@@ -34,6 +39,22 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
         for t in tiers:
             t.close()
         raise
+
+
+def _open_tier(i: int, tcfg: TierConfig, layout: KVLayout, metrics: Metrics) -> Tier:
+    try:
+        return make_tier(tcfg, layout, metrics)
+    except OSError as exc:
+        # A host slab is one mapping of its whole capacity: more than the machine can map is a
+        # configuration error, not an OSError from deep inside the tier.
+        if tcfg.kind != "host" or exc.errno != errno.ENOMEM:
+            raise
+        raise ConfigError(
+            f"tiers.{i} ({tcfg.name!r}): a host tier of {format_size(tcfg.capacity)} cannot be "
+            f"mapped on this machine ({exc.strerror})",
+            hint=f"lower tiers.{i}.capacity to fit this machine's memory (README: operator "
+            "notes, sizing the host tier)",
+        ) from None
 
 
 def build_namespace(cfg: KVStoreConfig) -> Namespace:
