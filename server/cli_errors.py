@@ -34,7 +34,7 @@ def report(exc: KVStoreError) -> None:
 class ReportingGroup(TyperGroup):
     """The command group: every command's ``KVStoreError`` becomes a report and an exit code."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # click.Context (typer vendors click in newer releases)
         try:
             return super().invoke(ctx)
         except KVStoreError as exc:
