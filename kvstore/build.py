@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from kvstore.config import KVStoreConfig
+from kvstore.config import KVStoreConfig, TierConfig
+from kvstore.errors import ConfigError, InvalidArgument
 from kvstore.keys import Namespace
+from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import RecordMac
 from kvstore.store import TieredStore
@@ -29,8 +31,8 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
         )
     tiers: list[Tier] = []
     try:
-        for tcfg in cfg.tiers:
-            tiers.append(make_tier(tcfg, layout, metrics, mac=mac))
+        for i, tcfg in enumerate(cfg.tiers):
+            tiers.append(_open_tier(i, tcfg, layout, metrics, mac))
         s = cfg.store
         return TieredStore(
             layout,
@@ -47,6 +49,22 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
         for t in tiers:
             t.close()
         raise
+
+
+def _open_tier(i: int, tcfg: TierConfig, layout: KVLayout, metrics: Metrics,
+               mac: RecordMac) -> Tier:
+    try:
+        return make_tier(tcfg, layout, metrics, mac=mac)
+    except InvalidArgument as exc:
+        # A host slab is one mapping of its whole capacity: more than the machine can map is a
+        # configuration error of that entry (the tier itself refuses it before mapping).
+        if tcfg.kind != "host":
+            raise
+        raise ConfigError(
+            f"tiers.{i} ({tcfg.name!r}): {exc.message}",
+            hint=f"lower tiers.{i}.capacity to fit this machine's memory (README: operator "
+            "notes, sizing the host tier)",
+        ) from None
 
 
 def build_namespace(cfg: KVStoreConfig) -> Namespace:

@@ -15,6 +15,7 @@ shown. Only this module reads the environment (and the secret file).
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -34,14 +35,19 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.layout import DTYPE_SIZES, KVLayout
+from kvstore.sizes import Size, format_size
 
 DType = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"]
 assert set(DType.__args__) == set(DTYPE_SIZES)  # type: ignore[attr-defined]
@@ -79,7 +85,7 @@ class HostTierConfig(_Strict):
 
     kind: Literal["host"] = "host"
     name: str = "host"
-    capacity: ByteSize = Field(ByteSize(1 << 30), description="bytes, e.g. '8GiB'")
+    capacity: Size = Field(ByteSize(1 << 30), description="bytes, e.g. '8GiB'")
     policy: str = "lru"
     pin_memory: Literal["auto"] | bool = "auto"
 
@@ -95,7 +101,7 @@ class HBMTierConfig(_Strict):
 
     kind: Literal["hbm"] = "hbm"
     name: str = "hbm"
-    capacity: ByteSize = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
+    capacity: Size = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
     # Leaf-first: a hit touches a chain head to tail, so LRU would evict heads first and leave
     # tails an engine can only recompute (its prefix stops at the first missing block).
     policy: str = "lineage"
@@ -113,7 +119,7 @@ class DiskTierConfig(_Strict):
 
     kind: Literal["disk"] = "disk"
     name: str = "disk"
-    capacity: ByteSize = Field(ByteSize(64 << 30), description="bytes of pages, e.g. '500GiB'")
+    capacity: Size = Field(ByteSize(64 << 30), description="bytes of pages, e.g. '500GiB'")
     policy: str = "lru"
     path: Path = Field(description="the tier's own directory (created if missing)")
     io_threads: int = Field(8, ge=1, le=256, description="parallel preadv/pwritev workers")
@@ -122,7 +128,7 @@ class DiskTierConfig(_Strict):
     preallocate: bool = True
     allow_network_fs: bool = False
     check_index: bool = True
-    max_io_bytes: ByteSize = Field(ByteSize(8 << 20), ge=4096, description="bytes per syscall")
+    max_io_bytes: Size = Field(ByteSize(8 << 20), ge=4096, description="bytes per syscall")
 
     _v_policy = field_validator("policy")(_check_policy)
 
@@ -148,7 +154,7 @@ class RedisTierConfig(_Strict):
 
     kind: Literal["redis"] = "redis"
     name: str = "redis"
-    capacity: ByteSize = Field(ByteSize(16 << 30), description="this node's budget, e.g. '64GiB'")
+    capacity: Size = Field(ByteSize(16 << 30), description="this node's budget, e.g. '64GiB'")
     policy: str = "lru"
     url: str | None = Field(
         None, description="one server: redis://[user@]host:6379/0, rediss:// for TLS"
@@ -314,20 +320,22 @@ class KVStoreConfig(BaseSettings):
         page = self.layout.build().page_bytes
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names):
-            raise ValueError(f"tier names must be unique, got {names}")
+            raise _field_error("tiers", f"tier names must be unique, got {names}")
         for i, t in enumerate(self.tiers):
             if t.capacity < page:
-                raise ValueError(
-                    f"tiers.{i}.capacity: {t.capacity.human_readable()} holds no page of "
-                    f"{ByteSize(page).human_readable()} for this layout"
+                raise _field_error(
+                    f"tiers.{i}.capacity",
+                    f"{format_size(t.capacity)} holds no page of {format_size(page)} for this "
+                    "layout (a number without a unit is bytes)",
                 )
         conn = self.connector
         if conn.host_tier is not None:
             kinds = {t.name: t.kind for t in self.tiers}
             if kinds.get(conn.host_tier) != "host":
-                raise ValueError(
-                    f"connector.host_tier: {conn.host_tier!r} is not a host tier of this store "
-                    f"(host tiers: {[n for n, k in kinds.items() if k == 'host']})"
+                raise _field_error(
+                    "connector.host_tier",
+                    f"{conn.host_tier!r} is not a host tier of this store "
+                    f"(host tiers: {[n for n, k in kinds.items() if k == 'host']})",
                 )
         return self
 
@@ -341,14 +349,96 @@ class KVStoreConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The file's values arrive as init kwargs; the environment must win over them.
-        return (env_settings, init_settings)
+        return (_Environment(settings_cls), init_settings)
+
+
+#: ``KVSTORE_*`` variables that are not configuration fields: switches read by the native-op
+#: loader and by the scripts. Anything else under the prefix that is no field is refused as a typo.
+OTHER_VARIABLES: dict[str, str] = {
+    "KVSTORE_NATIVE": "auto | 0 | 1: native ops when a C compiler is available, never, always",
+    "KVSTORE_NATIVE_CACHE": "where compiled native ops are cached (default ~/.cache/kvstore/native)",
+    "KVSTORE_CUDA_ARCH": "nvcc -arch for the CUDA ops (default: the GPUs present)",
+    "KVSTORE_COPY_BLOCKS": "thread blocks per copy_rows launch (tuning)",
+    "KVSTORE_TORCH_SPEC": "scripts/bootstrap.sh: the torch requirement to install",
+    "KVSTORE_SKIP_TORCH": "scripts/bootstrap.sh: 1 keeps the torch already in .venv",
+    "KVSTORE_GIT_COMMIT": "scripts/gpu.sh: the commit recorded with benchmark results",
+    "KVSTORE_CRASH_CYCLES": "tests: kill cycles of the disk crash test",
+    "KVSTORE_TEST_FULLFS": "tests: 'rlimit' forces that variant of the full-disk test",
+}
+_NATIVE_MODES = ("auto", "0", "1")
+
+
+def setting_variables() -> set[str]:
+    """Every ``KVSTORE_*`` name that sets a configuration field: a top-level field (JSON for a
+    table or list) or, with ``__``, a field of a table."""
+    names = set()
+    for name, field in KVStoreConfig.model_fields.items():
+        names.add(f"KVSTORE_{name.upper()}")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            names |= {f"KVSTORE_{name.upper()}__{sub.upper()}" for sub in field.annotation.model_fields}
+    return names
+
+
+class _Environment(EnvSettingsSource):
+    """The ``KVSTORE_*`` variables, refused with a ConfigError naming the variable when a name is
+    unknown, a JSON value malformed or ``KVSTORE_NATIVE`` not a mode, instead of ignored or
+    reported as a pydantic-settings traceback."""
+
+    def __call__(self) -> dict[str, Any]:
+        ours = {k.upper(): v for k, v in self.env_vars.items() if k.upper().startswith("KVSTORE_")}
+        known = setting_variables()
+        unknown = sorted(set(ours) - known - set(OTHER_VARIABLES))
+        if unknown:
+            lines = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, sorted(known | set(OTHER_VARIABLES)), 1)
+                lines.append(f"  {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+            raise ConfigError(
+                "unknown KVSTORE_* variables:\n" + "\n".join(lines),
+                hint="KVSTORE_* variables set the fields of the README's configuration "
+                "reference; rename or unset these",
+            )
+        native = ours.get("KVSTORE_NATIVE")
+        if native is not None and native.strip().lower() not in _NATIVE_MODES:
+            raise ConfigError(
+                f"KVSTORE_NATIVE={native!r}: must be auto, 0 or 1",
+                hint="0 forces the pure-Python ops, 1 the native ones (a failed build is an "
+                "error); auto, or unset, uses native ops when a C compiler is available",
+            )
+        try:
+            return super().__call__()
+        except SettingsError as exc:
+            if isinstance(exc.__cause__, ConfigError):
+                raise exc.__cause__ from None
+            raise
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError as exc:  # json.JSONDecodeError
+            raise ConfigError(
+                f"KVSTORE_{field_name.upper()} is not valid JSON: {exc}",
+                hint="tables and lists in KVSTORE_* variables are JSON, e.g. "
+                """KVSTORE_TIERS='[{"kind": "host", "capacity": "8GiB"}]'""",
+            ) from None
+
+    def sources(self) -> dict[tuple[str, ...], str]:
+        """Which variable set each field path, e.g. ``("store", "prefetch_workers")``."""
+        return {
+            tuple(k[len("kvstore_"):].split("__")): k.upper()
+            for k in self.env_vars
+            if k.upper().startswith("KVSTORE_") and k.upper() not in OTHER_VARIABLES
+        }
 
 
 def load_config(
     path: str | os.PathLike[str] | None = None, *, overrides: Mapping[str, Any] | None = None
 ) -> KVStoreConfig:
     """Read ``path`` (``.toml``, ``.yaml``/``.yml``; None for defaults), apply ``overrides``
-    and ``KVSTORE_*`` variables, validate. Raises ConfigError naming every bad field."""
+    and ``KVSTORE_*`` variables, validate. Raises ConfigError naming every bad field, and the
+    variable that set it where one did."""
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_file(Path(path))
@@ -357,9 +447,15 @@ def load_config(
     try:
         return KVStoreConfig(**data)
     except ValidationError as exc:
+        lines, from_env = _describe(exc, _Environment(KVStoreConfig).sources())
+        where = []
+        if not all(from_env):
+            where.append("the field(s) named above" + (f" in {path}" if path else ""))
+        if any(from_env):
+            where.append("the variable(s) named above")
         raise ConfigError(
-            "invalid kvstore configuration:\n" + _describe(exc),
-            hint=f"fix the field(s) named above in {path or 'the environment'}",
+            "invalid kvstore configuration:\n" + "\n".join(lines),
+            hint="fix " + " and ".join(where),
         ) from None
 
 
@@ -377,7 +473,9 @@ def _read_file(path: Path) -> dict[str, Any]:
             data = yaml.safe_load(raw) or {}
         else:
             raise ConfigError(
-                f"config file {path} must end in .toml, .yaml or .yml", hint="rename the file"
+                f"config file {path}: kvstore reads TOML (.toml) and YAML (.yaml, .yml), "
+                f"not {path.suffix or 'a file without a suffix'}",
+                hint="write the settings as TOML or YAML (README: configuration reference)",
             )
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
@@ -392,12 +490,30 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _describe(exc: ValidationError) -> str:
-    lines = []
+def _field_error(field: str, detail: str) -> PydanticCustomError:
+    """A check across fields, reported at ``field`` (a model validator's own location is the
+    whole model)."""
+    return PydanticCustomError("kvstore_field", "{field}: {detail}", {"field": field, "detail": detail})
+
+
+def _describe(
+    exc: ValidationError, env: Mapping[tuple[str, ...], str]
+) -> tuple[list[str], list[bool]]:
+    """One line per error, naming the field (and the variable that set it), and for each whether
+    a variable set it. Inputs of secret fields are never shown."""
+    lines, from_env = [], []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        given = err.get("input")
-        secret = any(p in _SECRET_FIELDS for p in err["loc"]) or "security" in err["loc"]
-        shown = "" if isinstance(given, dict) or secret else f" (got {given!r:.80})"
-        lines.append(f"  {loc}: {err['msg']}{shown}")
-    return "\n".join(lines)
+        if err["type"] == "kvstore_field":
+            loc, msg, shown = err["ctx"]["field"], err["ctx"]["detail"], ""
+        else:
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            given = err.get("input")
+            secret = any(p in _SECRET_FIELDS for p in err["loc"]) or "security" in err["loc"]
+            shown = "" if isinstance(given, dict) or secret else f" (got {given!r:.80})"
+        parts = tuple(loc.split("."))
+        var = next((v for p, v in sorted(env.items(), key=lambda pv: -len(pv[0]))
+                    if parts[: len(p)] == p), None)
+        lines.append(f"  {loc}{f' ({var})' if var else ''}: {msg}{shown}")
+        from_env.append(var is not None)
+    return lines, from_env

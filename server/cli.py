@@ -1,23 +1,54 @@
-"""The ``kvstore`` command line."""
+"""The ``kvstore`` command line. Errors are reported by ``server.cli_errors``; ``-v`` sets the
+log level of kvstore's loggers (the tiers log what they find at start, and what fails later)."""
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from kvstore import KVStoreError, load_config
+import kvstore
+from kvstore import load_config
+from server.cli_errors import ReportingGroup
 
-app = typer.Typer(help="kvstore: tiered KV-cache storage for LLM inference.", no_args_is_help=True)
+app = typer.Typer(
+    cls=ReportingGroup,
+    help="kvstore: tiered KV-cache storage for LLM inference.",
+    no_args_is_help=True,
+)
 console = Console()
-err = Console(stderr=True)
 
 ConfigOpt = Annotated[
     Optional[Path],
     typer.Option("--config", "-c", help="TOML or YAML config file; KVSTORE_* variables override it."),
 ]
+_LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"kvstore {kvstore.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="-v: info, -vv: debug log lines.")
+    ] = 0,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """kvstore: tiered KV-cache storage for LLM inference."""
+    logging.basicConfig(
+        level=_LEVELS[min(verbose, len(_LEVELS) - 1)],
+        format="%(levelname)s %(name)s: %(message)s",
+    )
 
 
 @app.command()
@@ -30,11 +61,7 @@ def demo(
     TTFT and tokens computed vs reused."""
     from runtime.demo import run_chat_demo
 
-    try:
-        run_chat_demo(model, turns, max_tokens=max_tokens, console=console)
-    except KVStoreError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(2) from None
+    run_chat_demo(model, turns, max_tokens=max_tokens, console=console)
 
 
 @app.command("store-demo")
@@ -46,31 +73,21 @@ def store_demo(
     """Fill a store with multi-turn chat KV pages, read them back, verify, print stats.
 
     Without --config it runs on an embedded default: a small host tier over a disk tier in a
-    temporary directory, so evictions, write-back and promotion all show."""
-    import tempfile
-
+    temporary directory, so evictions, write-back and promotion all show. With --config it runs
+    on those tiers in a namespace of its own and deletes its pages at the end (it may still
+    evict other pages to make room)."""
     from server.demo import demo_overrides, run_demo
 
     with tempfile.TemporaryDirectory(prefix="kvstore-demo-", dir="/var/tmp") as tmp:
-        cfg = _load(config, overrides=None if config else demo_overrides(tmp))
+        cfg = load_config(config, overrides=None if config else demo_overrides(tmp))
         run_demo(cfg, conversations=conversations, turns=turns, console=console)
 
 
 @app.command("config")
 def show_config(config: ConfigOpt = None) -> None:
-    """Validate the configuration and print it with every default filled in."""
-    cfg = _load(config)
-    console.print_json(cfg.model_dump_json())
-
-
-def _load(path: Optional[Path], overrides: Optional[dict] = None):  # noqa: ANN202
-    try:
-        return load_config(path, overrides=overrides)
-    except KVStoreError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        if exc.hint:
-            err.print(f"[yellow]hint:[/yellow] {exc.hint}")
-        raise typer.Exit(2) from None
+    """Validate the configuration and print it with every default filled in (sizes with their
+    binary unit, secrets masked)."""
+    console.print_json(load_config(config).model_dump_json())
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
-"""``kvstore demo``: fill a store with the KV pages of a few multi-turn chats, read them back,
-verify every byte, and print the stats. Runs on the embedded default configuration."""
+"""``kvstore store-demo``: fill a store with the KV pages of a few multi-turn chats, read them
+back, verify every byte, and print the stats. Runs on the embedded default configuration, or on
+the tiers of a config file — a real cache, possibly persistent and shared: so the demo writes
+under a namespace of its own (a tenant salt unique to the run, which no other run or user
+shares) and deletes every page it wrote before it returns."""
 
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,14 +36,14 @@ def run_demo(cfg: KVStoreConfig, *, conversations: int = 4, turns: int = 4, seed
     rng = np.random.default_rng(seed)
     store = build_store(cfg)
     layout = store.layout
-    ns = Namespace(cfg.model_id, layout, cfg.tenant_salt)
+    ns = Namespace(cfg.model_id, layout, f"kvstore-store-demo/{uuid.uuid4().hex}")
     page_bytes = layout.page_bytes
     system = rng.integers(0, 32000, 4 * layout.block_size).tolist()
     written: dict[bytes, np.ndarray] = {}
     hit_blocks = total_blocks = blocks_put = 0
     put_s = get_s = 0.0
     bytes_verified = 0
-    with store:
+    with store, _deleted_at_exit(store, written):
         for _turn in range(turns):
             for conv in range(conversations):
                 history = _history(system, conv, _turn, layout.block_size, seed)
@@ -92,6 +98,15 @@ def run_demo(cfg: KVStoreConfig, *, conversations: int = 4, turns: int = 4, seed
         f"get {report.get_gbps:.2f} GB/s."
     )
     return report
+
+
+@contextmanager
+def _deleted_at_exit(store: TieredStore, written: dict[bytes, np.ndarray]) -> Iterator[None]:
+    """Delete the keys of ``written`` (as it is at exit) from every tier, also on an error."""
+    try:
+        yield
+    finally:
+        store.delete(list(written))
 
 
 def demo_overrides(disk_dir: str) -> dict:

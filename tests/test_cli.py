@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from typer.testing import CliRunner
 
+import kvstore
+from kvstore import build_namespace, build_store, load_config
 from server.cli import app
+from tests.redis_servers import RedisServer
 
 
 def test_demo_runs_on_embedded_default() -> None:
@@ -57,3 +61,133 @@ def test_config_command_prints_effective_config() -> None:
     result = CliRunner().invoke(app, ["config"])
     assert result.exit_code == 0
     assert '"write_policy"' in result.output and '"block_size"' in result.output
+
+
+# ----------------------------------------------------------------- errors are messages
+
+def kvstore_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a real process, with no KVSTORE_* variables but ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True,
+                          text=True, env={**clean, **(env or {})}, timeout=120)
+
+
+def tiers_env(*tiers: str) -> dict[str, str]:
+    # a deployment key, as a production node has (without one, a Redis tier warns at start)
+    return {"KVSTORE_TIERS": "[" + ", ".join(['{"kind": "host", "capacity": "64MiB"}', *tiers]) + "]",
+            "KVSTORE_SECURITY__SECRET": "k7Qz9-deployment-key-0001"}
+
+
+def test_bad_json_in_a_variable_is_a_message_with_exit_2() -> None:
+    proc = kvstore_cli("config", env={"KVSTORE_TIERS": '[{"kind": "host",'})
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: KVSTORE_TIERS is not valid JSON: Expecting property name enclosed in double "
+        "quotes: line 1 column 18 (char 17)\n"
+        "hint: tables and lists in KVSTORE_* variables are JSON, e.g. "
+        """KVSTORE_TIERS='[{"kind": "host", "capacity": "8GiB"}]'\n"""
+    )
+
+
+def test_unknown_variable_is_a_message_with_exit_2() -> None:
+    proc = kvstore_cli("config", env={"KVSTORE_MODLE_ID": "m"})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        "error: unknown KVSTORE_* variables:\n  KVSTORE_MODLE_ID (did you mean KVSTORE_MODEL_ID?)\n"
+    )
+
+
+def test_disk_path_that_is_a_file(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    proc = kvstore_cli("store-demo", env=tiers_env(f'{{"kind": "disk", "path": "{afile}"}}'))
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"error: disk tier 'disk': cannot use directory {afile}: File exists\n"
+        "hint: point the disk tier's path at a writable local directory\n"
+    )
+
+
+def test_redis_down(redis_server: RedisServer) -> None:
+    url = redis_server.url
+    redis_server.stop()
+    proc = kvstore_cli("store-demo", env=tiers_env(f'{{"kind": "redis", "url": "{url}"}}'))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(
+        f"error: redis tier 'redis': no server answered within 0.5s: {redis_server.node}: "
+    ), proc.stderr
+    assert "hint: start the redis server(s), or fix the tier's url" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_redis_wrong_password() -> None:
+    server = RedisServer("--requirepass", "right-secret")
+    try:
+        tier = f'{{"kind": "redis", "url": "{server.url}", "password": "wrong-secret"}}'
+        proc = kvstore_cli("store-demo", env=tiers_env(tier))
+    finally:
+        server.stop()
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        f"error: redis tier 'redis': {server.node} rejected the credentials: "
+    ), proc.stderr
+    assert "secret" not in proc.stdout + proc.stderr
+
+
+def test_version() -> None:
+    proc = kvstore_cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"kvstore {kvstore.__version__}\n")
+
+
+def _disk_config(tmp_path: Path, write_policy: str = "write_back") -> Path:
+    cfg = tmp_path / "kvstore.toml"
+    cfg.write_text(f"""
+model_id = "my-model"
+[store]
+write_policy = "{write_policy}"
+[[tiers]]
+kind = "host"
+capacity = "16MiB"
+[[tiers]]
+kind = "disk"
+path = "{tmp_path / 'disk'}"
+capacity = "256MiB"
+""")
+    return cfg
+
+
+def test_verbose_shows_the_tiers_log_lines(tmp_path: Path) -> None:
+    cfg = _disk_config(tmp_path)
+    quiet = kvstore_cli("store-demo", "-c", str(cfg), "--conversations", "1", "--turns", "1")
+    loud = kvstore_cli("-v", "store-demo", "-c", str(cfg), "--conversations", "1", "--turns", "1")
+    assert quiet.returncode == loud.returncode == 0, quiet.stderr + loud.stderr
+    line = f"disk tier 'disk': {tmp_path / 'disk'} "
+    assert line not in quiet.stderr and line in loud.stderr
+
+
+def test_config_prints_sizes_with_units() -> None:
+    proc = kvstore_cli("config", env=tiers_env())
+    assert proc.returncode == 0, proc.stderr
+    assert '"capacity": "64MiB"' in proc.stdout
+
+
+# ----------------------------------------------------------------- store-demo on a real cache
+
+def test_store_demo_leaves_a_real_cache_as_it_found_it(tmp_path: Path) -> None:
+    cfg_path = _disk_config(tmp_path, write_policy="write_through")
+    cfg = load_config(cfg_path)
+    ns = build_namespace(cfg)
+    chain = ns.chain(list(range(3 * cfg.layout.block_size)))
+    page = np.random.default_rng(1).integers(0, 256, (3, ns.layout.page_bytes), dtype=np.uint8)
+    with build_store(cfg) as store:
+        store.put(chain.metas(), page)  # a real user's pages, written through to disk
+    for _ in range(2):  # the second run used to crash with KeyError on the persistent disk
+        proc = kvstore_cli("store-demo", "-c", str(cfg_path), "--conversations", "2",
+                           "--turns", "2")
+        assert proc.returncode == 0, proc.stderr
+        assert "verified byte for byte" in proc.stdout
+    with build_store(cfg) as store:
+        assert store.tier("disk").used_pages == 3  # only the user's pages: the demo cleaned up
+        out = np.empty_like(page)
+        assert all(store.get(ns.id, chain.keys, out).found)
+        assert np.array_equal(out, page)

@@ -111,7 +111,7 @@ def test_bad_environment_value(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ("c.toml", "model_id = ", "not valid TOML"),
         ("c.yaml", "a: [1,", "not valid YAML"),
-        ("c.json", "{}", "must end in"),
+        ("c.conf", "{}", "reads TOML"),
         ("c.yaml", "- 1\n- 2", "mapping"),
     ],
 )
@@ -162,3 +162,153 @@ def test_hbm_tier_from_config() -> None:
         hbm = store.tiers[0]
         assert hbm.kind == "hbm" and hbm.capacity_pages == 8
         assert hbm.allocate(8) is not None and hbm.allocate(1) is None  # back-pressure
+
+
+# ----------------------------------------------------------------- sizes
+
+def _env_error(monkeypatch: pytest.MonkeyPatch, **env: str) -> ConfigError:
+    """The ConfigError load_config() raises with these variables set."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    return info.value
+
+
+def _tier_error(monkeypatch: pytest.MonkeyPatch, capacity: str) -> str:
+    tiers = f'[{{"kind": "host", "capacity": {capacity}}}]'
+    return _env_error(monkeypatch, KVSTORE_TIERS=tiers).message
+
+
+@pytest.mark.parametrize(
+    "capacity, why",
+    [
+        ("1.5", "not a whole number of bytes: give an integer or a size with a binary unit "
+                "such as '512MiB' (got 1.5)"),
+        ('"-1GiB"', "negative sizes are not allowed (got '-1GiB')"),
+        ("-1", "negative sizes are not allowed (got -1)"),
+        ('"1GB"', "'GB' is a decimal (SI) unit, which kvstore does not take: use KiB, MiB, GiB, "
+                  "TiB or PiB (1GiB = 2**30 bytes) (got '1GB')"),
+        ('"lots"', "not a size: give a number of bytes or a size with a binary unit such as '512MiB' "
+                   "(got 'lots')"),
+    ],
+)
+def test_bad_sizes_are_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capacity: str, why: str
+) -> None:
+    assert _tier_error(monkeypatch, capacity) == (
+        f"invalid kvstore configuration:\n  tiers.0.host.capacity (KVSTORE_TIERS): {why}"
+    )
+
+
+def test_a_bare_number_is_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _tier_error(monkeypatch, '"4"') == (
+        "invalid kvstore configuration:\n  tiers.0.capacity (KVSTORE_TIERS): 4B holds no page "
+        "of 2MiB for this layout (a number without a unit is bytes)"
+    )
+    monkeypatch.setenv("KVSTORE_TIERS", '[{"kind": "host", "capacity": "4194304"}]')
+    assert load_config().tiers[0].capacity == 4 << 20
+
+
+def test_sizes_print_in_binary_units(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "c.toml", '[[tiers]]\nkind = "host"\ncapacity = 1610612736\n'))
+    assert cfg.tiers[0].capacity == 1536 << 20
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["tiers"][0]["capacity"] == "1536MiB"
+    assert dumped["tiers"][0]["kind"] == "host"
+    assert load_config(overrides={"tiers": [{"kind": "host", "capacity": "1000B"}],
+                                  "layout": {"num_layers": 1, "num_kv_heads": 1, "head_dim": 1,
+                                             "block_size": 1}}
+                       ).model_dump(mode="json")["tiers"][0]["capacity"] == "1000B"
+
+
+# ----------------------------------------------------------------- environment
+
+def test_unknown_variable_is_refused_like_a_file_typo(monkeypatch: pytest.MonkeyPatch) -> None:
+    error = _env_error(monkeypatch, KVSTORE_MODLE_ID="meta-llama/Llama-3.1-8B",
+                       KVSTORE_STORE__PREFETCH_WORKRS="4")
+    assert error.message == (
+        "unknown KVSTORE_* variables:\n"
+        "  KVSTORE_MODLE_ID (did you mean KVSTORE_MODEL_ID?)\n"
+        "  KVSTORE_STORE__PREFETCH_WORKRS (did you mean KVSTORE_STORE__PREFETCH_WORKERS?)"
+    )
+    assert "README" in error.hint
+
+
+def test_tool_variables_are_not_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("KVSTORE_NATIVE_CACHE", "KVSTORE_TORCH_SPEC", "KVSTORE_COPY_BLOCKS"):
+        monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("KVSTORE_NATIVE", "0")
+    assert load_config().model_id == "default"
+
+
+def test_every_kvstore_variable_the_code_reads_is_known() -> None:
+    """A variable some code or script reads must not be refused as a typo: it is a config field
+    or one of config.OTHER_VARIABLES."""
+    import re
+
+    from kvstore.config import OTHER_VARIABLES, setting_variables
+
+    read = re.compile(r"""(?:environ\.get\(|environ\[|getenv\(|\$\{?)["']?(KVSTORE_[A-Z0-9_]+)""")
+    root = Path(__file__).parents[2]
+    seen: set[str] = set()
+    for p in root.rglob("*"):
+        if p.suffix in (".py", ".sh") and ".venv" not in p.parts and p.is_file():
+            seen |= set(read.findall(p.read_text()))
+    assert {"KVSTORE_NATIVE", "KVSTORE_CRASH_CYCLES", "KVSTORE_TORCH_SPEC"} <= seen
+    assert seen - set(OTHER_VARIABLES) - setting_variables() == set()
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "yes"])
+def test_bad_native_switch_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    error = _env_error(monkeypatch, KVSTORE_NATIVE=value)
+    assert error.message == f"KVSTORE_NATIVE={value!r}: must be auto, 0 or 1"
+
+
+def test_malformed_json_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    error = _env_error(monkeypatch, KVSTORE_TIERS='[{"kind": "host",')
+    assert error.message == (
+        "KVSTORE_TIERS is not valid JSON: Expecting property name enclosed in double quotes: "
+        "line 1 column 18 (char 17)"
+    )
+    assert "KVSTORE_TIERS='[" in error.hint
+
+
+def test_environment_errors_name_the_variable_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = write(tmp_path, "c.toml", 'model_id = "m"\n')
+    monkeypatch.setenv("KVSTORE_STORE__PREFETCH_WORKERS", "0")
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert info.value.message == (
+        "invalid kvstore configuration:\n  store.prefetch_workers "
+        "(KVSTORE_STORE__PREFETCH_WORKERS): Input should be greater than or equal to 1 (got '0')"
+    )
+    assert info.value.hint == "fix the variable(s) named above"
+    bad = write(tmp_path, "bad.toml", '[store]\nprefetch_workers = 0\n')
+    monkeypatch.delenv("KVSTORE_STORE__PREFETCH_WORKERS")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert info.value.hint == f"fix the field(s) named above in {bad}"
+
+
+def test_json_file_lists_the_formats(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "c.json", "{}"))
+    assert info.value.message == (
+        f"config file {tmp_path / 'c.json'}: kvstore reads TOML (.toml) and YAML (.yaml, .yml), "
+        "not .json"
+    )
+    assert "rename" not in str(info.value)
+
+
+def test_host_tier_larger_than_the_machine_can_map() -> None:
+    cfg = load_config(overrides={"tiers": [{"kind": "host", "capacity": "64MiB"},
+                                           {"kind": "host", "name": "big", "capacity": "1PiB"}]})
+    with pytest.raises(ConfigError) as info:
+        build_store(cfg)
+    assert info.value.message.startswith(
+        "tiers.1 ('big'): host tier 'big' asks for 1048576.0 GiB of memory; this machine has "
+    )
+    assert "tiers.1.capacity" in info.value.hint
