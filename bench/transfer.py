@@ -8,8 +8,12 @@ scattered over a page-first pool on the GPU and the host tier's pinned slab in s
 
 * **load** -- host slab -> GPU pool: one scatter kernel per layer (``csrc/copy_rows.cu``) on the
   connector's load stream, what a host hit does;
-* **save** -- GPU pool -> pinned staging, per layer on the save stream: a gather kernel into GPU
-  scratch, then one 2-D copy by the DMA engines into the layer's slice of the staging pages;
+* **save** -- GPU pool -> the host slots a save reserved (``store.prepare_store``), per layer: a
+  gather kernel into GPU scratch on the save stream, then one 2-D copy per run of adjacent slots
+  by the DMA engines on a stream of their own (double-buffered scratch: layer l's DMA overlaps
+  layer l+1's gather) -- on a fresh slab the slots are one run;
+* **save, scattered slots** -- the same into slots shuffled over the slab (an aged slab): one
+  scatter kernel per layer writes the slots through UVA;
 * **per-slice copies** -- the same load as one ``copy_`` per (page, layer) slice (the torch
   reference, what an engine without a gather kernel does), on a slice of the pages;
 * **baseline** -- one contiguous pinned ``copy_`` of the same bytes in the same direction: the
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     slots = torch.randperm(n + 64, generator=g)[:n].tolist()
     layers = [pool.view(-1, L, S)[:, lyr] for lyr in range(L)]
     saver = ThreadPoolExecutor(1)
-    xfer = make_transfer(layers, slab, L, P, copy_spans, saver, staging_pages=n)
+    xfer = make_transfer(layers, slab, L, P, copy_spans, saver)
     nbytes = n * P
 
     def load() -> None:
@@ -78,23 +82,34 @@ def main(argv: list[str] | None = None) -> None:
             xfer.load_layer(ctx, lyr)
         xfer.finish_load(ctx)
 
-    buf = xfer.new_save(block_ids)
+    run_slots = list(range(n))  # a fresh slab reserves ascending slots: one run
+    scattered = torch.randperm(n + 64, generator=g)[:n].tolist()
 
-    def save() -> None:
-        for lyr in range(L):
-            xfer.begin_save_layer(lyr)
-            xfer.save_layer(buf, lyr)
-        xfer.mark_saved(buf)
-        xfer.wait_saved(buf)
+    def saver_into(save_slots: list[int]) -> Callable[[], None]:
+        buf = xfer.new_save(block_ids, save_slots)
 
-    progress = tqdm(total=4, desc="bench.transfer", leave=False, disable=args.quick)
+        def save() -> None:
+            for lyr in range(L):
+                xfer.begin_save_layer(lyr)
+                xfer.save_layer(buf, lyr)
+            xfer.mark_saved(buf)
+            xfer.wait_saved(buf)
+        return save
+
+    def saved_right(save_slots: list[int]) -> bool:
+        return torch.equal(slab[torch.tensor(save_slots)], pool[torch.tensor(block_ids)].cpu())
+
+    progress = tqdm(total=5, desc="bench.transfer", leave=False, disable=args.quick)
     t_load = _best(load, sync, rounds)
     progress.update()
     want = slab[torch.tensor(slots)]
     assert torch.equal(pool[torch.tensor(block_ids)].cpu(), want), "load moved the wrong bytes"
-    t_save = _best(save, sync, rounds)
+    t_save = _best(saver_into(run_slots), sync, rounds)
     progress.update()
-    assert np.array_equal(buf.pages, want.numpy()), "save moved the wrong bytes"
+    assert saved_right(run_slots), "save moved the wrong bytes"
+    t_scatter = _best(saver_into(scattered), sync, rounds)
+    progress.update()
+    assert saved_right(scattered), "scattered save moved the wrong bytes"
     if gpu:
         flat_h = slab[:n].reshape(-1)
         flat_d = pool[:n].reshape(-1)
@@ -130,8 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
                     baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
-        measurement("transfer", case, f"save ({'gather + 2-D DMA' if gpu else kernel})",
+        measurement("transfer", case,
+                    f"save into reserved slots ({'gather + 2-D DMA, double-buffered' if gpu else kernel})",
                     "throughput", gbs(t_save), "GB/s",
+                    baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
+        measurement("transfer", case,
+                    f"save into scattered slots ({'scatter kernel through UVA' if gpu else kernel})",
+                    "throughput", gbs(t_scatter), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
     ]
     if t_ref is not None:

@@ -49,10 +49,8 @@ are freed when its saves are done (the engine's delayed free), and the next prom
 alongside the previous prompt's puts. After the sequence the bench drains the engine and checks
 that every full block of every prompt was stored in host (none dropped). Ratio: median TTFT
 without the store / median with it (target >= 0.98); the totals of both sequences are printed as
-a note. That engine's worker gets a pinned save-staging pool (``staging_bytes``) of two prompts'
-KV (8 GiB at 32K), the others one prompt's: with the 4 GiB default, back-to-back 32K prompts
-find the pool still held by the previous prompt's put, so a save keeps only a prefix of its
-blocks, and the hbm pool later writes the rest back synchronously when it evicts them.
+a note. Saves go straight into host slots the store reserves (``prepare_store``), so a prompt
+saved while the previous one is still being published needs no staging of its own.
 
 Timed on the GPU for 4K, 16K and 32K tokens (disk at 4K and 16K; Redis at 4K), on the CPU for
 256 and 1K tokens (all cases). Everything a length allocates is freed before the next one.
@@ -236,14 +234,11 @@ def _bare_engine(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, n: int
 
 
 def _connected_engine(model: LlamaForPagedLM, pool: HBMTier, store: TieredStore, ns: Namespace,
-                      n: int, *, layerwise: bool, staging_prompts: int = 1,
-                      prefetch_policy: PrefetchPolicy = "timeout"
+                      n: int, *, layerwise: bool, prefetch_policy: PrefetchPolicy = "timeout"
                       ) -> tuple[Engine, InProcessWorker]:
-    """An engine over ``pool`` with an in-process connector over ``store`` (host tier "host");
-    the worker's pinned save staging holds ``staging_prompts`` prompts' full blocks."""
-    staging = staging_prompts * (n // BLOCK) * store.layout.page_bytes
+    """An engine over ``pool`` with an in-process connector over ``store`` (host tier "host")."""
     worker = InProcessWorker(store, host_tier="host", prefetch_policy=prefetch_policy,
-                             layerwise=layerwise, staging_bytes=staging)
+                             layerwise=layerwise)
     csched = InProcessScheduler(store, ns, num_blocks=pool.num_blocks, host_tier="host")
     engine = Engine(model, pool, ns, connector=(csched, worker), **_engine_kwargs(n))
     engine.store = store
@@ -364,10 +359,7 @@ def _host_cases(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, bare: E
     engines: list[Engine] = []
     r: dict[str, float] = {}
     try:
-        # Staging for two prompts' saves: in the no-reuse sequence a prompt's save is still
-        # being put while the next prompt's forward stages its own (see the module docstring).
-        lw, lw_worker = _connected_engine(model, pool, store, ns, n, layerwise=True,
-                                          staging_prompts=2)
+        lw, lw_worker = _connected_engine(model, pool, store, ns, n, layerwise=True)
         engines.append(lw)
         ltc, _ = _connected_engine(model, pool, store, ns, n, layerwise=False)
         engines.append(ltc)

@@ -36,8 +36,11 @@ Guarantees:
 * **Identity** — like the host tier: each committed block keeps its :class:`BlockMeta`; a read
   checks the namespace asked for; no checksums (HBM is process memory).
 
-On CUDA, tier reads and writes move a batch with one gather/scatter kernel and one copy through
-a pinned staging buffer; on the CPU device the pool is host memory and pages are copied directly.
+On CUDA, tier reads and writes (write-back, write-through and promotion traffic) move pages in
+chunks through one pinned bounce buffer the tier allocates once: the connector's gather/scatter
+kernel (``kvstore.ops.copy_rows``) between pool blocks and bounce rows on the tier's own stream,
+then a memcpy to or from the caller's buffers -- no per-call pinned allocation, no wait on the
+engine's stream. On the CPU device the pool is host memory and pages are copied directly.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         self._readers = [0] * capacity_pages  # tier reads in flight
         self._cached: set[int] = set()  # committed with refcount 0: evictable
         self._free: deque[int] = deque(range(capacity_pages))  # allocate takes from the left
+        self._bounce: _Bounce | None = None  # CUDA only, allocated on first use
+        self._bounce_lock = threading.Lock()  # one tier copy through the bounce at a time
 
     # ----------------------------------------------------------------- block manager API
 
@@ -364,30 +369,31 @@ class HBMTier(SlotReads, Tier, OwnedPool):
             view = self._host_view
             copy_spans([(out, view[b]) for b, out in zip(blocks, outs)])
             return
-        # One gather kernel into a contiguous device batch, one copy into pinned staging.
-        idx = torch.tensor(blocks, dtype=torch.long).to(self.device, non_blocking=True)
-        staged = torch.empty(
-            (len(blocks), self.layout.page_bytes), dtype=torch.uint8, pin_memory=True
-        )
-        staged.copy_(self.pool_bytes.index_select(0, idx))  # synchronous D2H
-        host = staged.numpy()
-        copy_spans([(out, host[i]) for i, out in enumerate(outs)])
+        with self._bounce_lock:
+            bounce = self._cuda_bounce()
+            for at in range(0, len(blocks), bounce.rows):
+                part = blocks[at : at + bounce.rows]
+                bounce.move(bounce.pages, self.pool_bytes, part, to_host=True)
+                copy_spans([(out, bounce.host[i]) for i, out in enumerate(outs[at : at + len(part)])])
 
     def _scatter(self, blocks: list[int], pages: Sequence[np.ndarray]) -> None:
-        """pool_bytes[blocks[i]] = pages[i]."""
+        """pool_bytes[blocks[i]] = pages[i]; landed when this returns (keys publish after)."""
         if self._host_view is not None:
             view = self._host_view
             copy_spans([(view[b], page) for b, page in zip(blocks, pages)])
             return
-        staged = torch.empty(
-            (len(blocks), self.layout.page_bytes), dtype=torch.uint8, pin_memory=True
-        )
-        host = staged.numpy()
-        copy_spans([(host[i], page) for i, page in enumerate(pages)])
-        idx = torch.tensor(blocks, dtype=torch.long).to(self.device, non_blocking=True)
-        self.pool_bytes.index_copy_(0, idx, staged.to(self.device, non_blocking=True))
-        # The keys are published after this returns: the pages must have landed by then.
-        torch.cuda.current_stream(self.device).synchronize()
+        with self._bounce_lock:
+            bounce = self._cuda_bounce()
+            for at in range(0, len(blocks), bounce.rows):
+                part = blocks[at : at + bounce.rows]
+                copy_spans([(bounce.host[i], page) for i, page in enumerate(pages[at : at + len(part)])])
+                bounce.move(self.pool_bytes, bounce.pages, part, to_host=False)
+
+    def _cuda_bounce(self) -> _Bounce:
+        if self._bounce is None:
+            rows = max(1, min(self.capacity_pages, BOUNCE_BYTES // self.layout.page_bytes))
+            self._bounce = _Bounce(rows, self.layout.page_bytes, self.device)
+        return self._bounce
 
     # ----------------------------------------------------------------- block states (locked)
 
@@ -451,3 +457,34 @@ def _default_device() -> str:
 
 
 __all__ = ["CommitResult", "HBMTier"]
+
+
+#: bytes of the pinned bounce buffer a CUDA pool's tier copies go through (in chunks)
+BOUNCE_BYTES = 64 << 20
+
+
+class _Bounce:
+    """A pinned ``(rows, page_bytes)`` buffer and a stream: pool blocks move to and from it with
+    the gather/scatter kernel, and the calling thread waits only for that stream."""
+
+    def __init__(self, rows: int, page_bytes: int, device: torch.device) -> None:
+        self.rows = rows
+        self.pages = torch.empty((rows, page_bytes), dtype=torch.uint8, pin_memory=True)
+        self.host = self.pages.numpy()
+        self.stream = torch.cuda.Stream(device)
+        self._rows_idx = torch.arange(rows, dtype=torch.int64).pin_memory()
+
+    def move(self, dst: torch.Tensor, src: torch.Tensor, blocks: list[int], *, to_host: bool) -> None:
+        """``dst[rows] = src[blocks]`` (to_host) or ``dst[blocks] = src[rows]``; waits for it."""
+        from kvstore.ops import copy_rows
+
+        ids = torch.tensor(blocks, dtype=torch.int64).pin_memory()
+        rows = self._rows_idx[: len(blocks)]
+        # after the engine's queued work (pool blocks it wrote); the engine never waits on us
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            if to_host:
+                copy_rows(dst, src, rows, ids, stream=self.stream.cuda_stream)
+            else:
+                copy_rows(dst, src, ids, rows, stream=self.stream.cuda_stream)
+        self.stream.synchronize()

@@ -1,7 +1,7 @@
 """GPU machine only (-m gpu): the in-process connector over CUDA KV caches, driven through its
 API -- blocks saved from the GPU land in the host tier byte for byte, loads bring them back into
-other blocks, for a page-first pool and for per-layer caches; a save larger than the pinned
-staging pool stores the prefix that fits and counts the rest as abandoned."""
+other blocks, for a page-first pool and for per-layer caches. (Saves into scattered host slots
+and saves the host tier has no room for: tests/connector/test_save_slots.py, on CPU and CUDA.)"""
 
 from __future__ import annotations
 
@@ -91,24 +91,4 @@ def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool) -> None:
         assert torch.equal(_block(tensors, b), w)
     assert worker.stats().blocks_loaded == 5
     worker.close()
-    store.close()
-
-
-def test_save_beyond_the_staging_pool_keeps_the_prefix() -> None:
-    host = HostTier("host", LAYOUT, 16, Metrics())
-    store = TieredStore(LAYOUT, [host])
-    ns = Namespace("gpu-test", LAYOUT)
-    spec, tensors = _caches("page_first")
-    sched = InProcessScheduler(store, ns, num_blocks=32)
-    worker = InProcessWorker(store, staging_bytes=2 * LAYOUT.page_bytes)
-    worker.register_kv_caches(spec)
-    tokens = list(range(1, 16 * 4 + 2))
-    _step(sched, worker, "a", tokens, [], [5, 6, 7, 8], ns)
-    worker.close()
-    keys = ns.chain(tokens).keys[:4]
-    assert host.contains(keys) == [True, True, False, False]
-    assert worker.stats().saves_abandoned == 1 and worker.stats().blocks_saved == 2
-    out = np.empty((2, LAYOUT.page_bytes), np.uint8)
-    assert all(store.get(ns.id, keys[:2], out).found)
-    assert torch.equal(torch.from_numpy(out[1]), _block(tensors, 6))
     store.close()
