@@ -8,12 +8,9 @@ scattered over a page-first pool on the GPU and the host tier's pinned slab in s
 
 * **load** -- host slab -> GPU pool: one scatter kernel per layer (``csrc/copy_rows.cu``) on the
   connector's load stream, what a host hit does;
-* **save** -- GPU pool -> the host slots a save reserved (``store.prepare_store``), per layer: a
-  gather kernel into GPU scratch on the save stream, then one 2-D copy per run of adjacent slots
-  by the DMA engines on a stream of their own (double-buffered scratch: layer l's DMA overlaps
-  layer l+1's gather) -- on a fresh slab the slots are one run;
-* **save, scattered slots** -- the same into slots shuffled over the slab (an aged slab): one
-  scatter kernel per layer writes the slots through UVA;
+* **save** -- GPU pool -> the host slots a save reserved (``store.prepare_store``), per layer on
+  the save stream: one kernel writes every block's layer into its slot through UVA; into one run
+  of adjacent slots (a fresh slab) and into slots shuffled over the slab (an aged one);
 * **per-slice copies** -- the same load as one ``copy_`` per (page, layer) slice (the torch
   reference, what an engine without a gather kernel does), on a slice of the pages;
 * **baseline** -- one contiguous pinned ``copy_`` of the same bytes in the same direction: the
@@ -146,11 +143,11 @@ def main(argv: list[str] | None = None) -> None:
         measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
                     baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
         measurement("transfer", case,
-                    f"save into reserved slots ({'gather + 2-D DMA, double-buffered' if gpu else kernel})",
+                    f"save into reserved slots ({'copy_rows kernel' if gpu else kernel})",
                     "throughput", gbs(t_save), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
         measurement("transfer", case,
-                    f"save into scattered slots ({'scatter kernel through UVA' if gpu else kernel})",
+                    f"save into scattered slots ({'copy_rows kernel' if gpu else kernel})",
                     "throughput", gbs(t_scatter), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
     ]
