@@ -34,7 +34,8 @@ from tqdm import tqdm
 from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
 from connector.transfer import make_transfer
 from kvstore import KVLayout
-from kvstore.ops import copy_rows, copy_rows_blocks, copy_rows_native_active, copy_rows_reference, copy_spans
+from kvstore.ops import (copy_rows, copy_rows_blocks, copy_rows_native_active, copy_rows_reference,
+                        copy_spans, save_copy_blocks)
 
 LLAMA3_8B = KVLayout(32, 8, 128, 16, "bfloat16")
 
@@ -122,11 +123,15 @@ def main(argv: list[str] | None = None) -> None:
         dst_i = torch.tensor(block_ids, dtype=torch.int64).pin_memory()
         src_i = torch.tensor(slots, dtype=torch.int64).pin_memory()
         slab_layers = [slab.view(-1, L, S)[:, lyr] for lyr in range(L)]
-        sweep = {}
+        sweep, save_sweep = {}, {}
         for blocks in (8, 16, 32, 64, 132, n):
             sweep[blocks] = _best(lambda: [copy_rows(layers[lyr], slab_layers[lyr], dst_i, src_i,
                                                      max_blocks=blocks) for lyr in range(L)],
                                   sync, rounds)
+        for blocks in (2, 4, 8, 16, 33):  # saves overlap a prefill: how few blocks keep up
+            save_sweep[blocks] = _best(lambda: [copy_rows(slab_layers[lyr], layers[lyr], src_i,
+                                                          dst_i, max_blocks=blocks)
+                                                for lyr in range(L)], sync, rounds)
     else:
         a, b = np.empty(nbytes, np.uint8), slab.numpy().reshape(-1)[:nbytes].copy()
         t_h2d = t_d2h = _best(lambda: np.copyto(a, b), sync, rounds)
@@ -143,11 +148,11 @@ def main(argv: list[str] | None = None) -> None:
         measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
                     baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
         measurement("transfer", case,
-                    f"save into reserved slots ({'copy_rows kernel' if gpu else kernel})",
+                    f"save into reserved slots ({f'copy_rows kernel, {xfer.save_blocks} blocks' if gpu else kernel})",
                     "throughput", gbs(t_save), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
         measurement("transfer", case,
-                    f"save into scattered slots ({'copy_rows kernel' if gpu else kernel})",
+                    f"save into scattered slots ({f'copy_rows kernel, {xfer.save_blocks} blocks' if gpu else kernel})",
                     "throughput", gbs(t_scatter), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
     ]
@@ -156,6 +161,10 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(measurement("transfer", case, f"load, kernel with {blocks} blocks",
                                      "throughput", gbs(t), "GB/s",
                                      baseline=f"{base_name} (host->cuda)", baseline_value=gbs(t_h2d)))
+        for blocks, t in save_sweep.items():
+            lines.append(measurement("transfer", case, f"save, kernel with {blocks} blocks",
+                                     "throughput", gbs(t), "GB/s",
+                                     baseline=f"{base_name} (cuda->host)", baseline_value=gbs(t_d2h)))
         lines.append(measurement("transfer", case, "load, one copy_ per slice", "throughput",
                                  gbs(t_ref), "GB/s", baseline=f"{base_name} (host->cuda)",
                                  baseline_value=gbs(t_h2d)))

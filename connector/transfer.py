@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from kvstore.errors import InvalidArgument
-from kvstore.ops import Spans, copy_rows
+from kvstore.ops import Spans, copy_rows, save_copy_blocks
 
 CopyFn = Callable[[Spans], None]
 
@@ -184,9 +184,10 @@ class CudaTransfer(LayerTransfer):
 
     Loads: one scatter kernel per layer reads the host slab through UVA with a few thread blocks
     (it overlaps the layers that compute meanwhile). Saves go straight into the host slots the
-    store reserved (``prepare_store``), with no staging copy: per layer, the same kernel with
-    the same few thread blocks writes the layer of every saved block into its slot through UVA,
-    wherever the slots lie. (A gather into GPU scratch plus one 2-D DMA per run of adjacent
+    store reserved (``prepare_store``), with no staging copy: per layer, the same kernel writes
+    the layer of every saved block into its slot through UVA, wherever the slots lie, with
+    fewer thread blocks still (``kvstore.ops.save_copy_blocks``): a save overlaps the prefill
+    that produces its layers and only has to keep pace with it. (A gather into GPU scratch plus one 2-D DMA per run of adjacent
     slots, double-buffered, reached 0.87 of the link on the H200 against 0.95 for the kernel:
     the DMA of 64 KiB rows at a 2 MiB pitch is slower than a contiguous one.)"""
 
@@ -206,6 +207,7 @@ class CudaTransfer(LayerTransfer):
         self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
         self._load_stream = torch.cuda.Stream(self.device)
         self._save_stream = torch.cuda.Stream(self.device)
+        self.save_blocks = save_copy_blocks(self.device)
 
     @staticmethod
     def _pinned(ids: Sequence[int]) -> torch.Tensor:
@@ -249,7 +251,7 @@ class CudaTransfer(LayerTransfer):
             return
         st: _CudaSave = buf.state
         copy_rows(self._slab_layers[layer], self._layers[layer], st.slot_idx, st.block_idx,
-                  stream=self._save_stream.cuda_stream)
+                  max_blocks=self.save_blocks, stream=self._save_stream.cuda_stream)
 
     def mark_saved(self, buf: SaveBuffer) -> None:
         ev = torch.cuda.Event()

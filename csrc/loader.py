@@ -37,9 +37,10 @@ def native_mode() -> str:
     return mode if mode in ("auto", "0", "1") else "auto"
 
 
-def copy_blocks_override() -> int | None:
-    """``KVSTORE_COPY_BLOCKS``: thread blocks per copy_rows launch (tuning; None = the default)."""
-    env = os.environ.get("KVSTORE_COPY_BLOCKS", "").strip()
+def copy_blocks_override(name: str = "KVSTORE_COPY_BLOCKS") -> int | None:
+    """``KVSTORE_COPY_BLOCKS`` (loads) or ``KVSTORE_SAVE_BLOCKS`` (saves): thread blocks per
+    copy_rows launch (tuning; None = the default)."""
+    env = os.environ.get(name, "").strip()
     return int(env) if env.isdigit() and int(env) > 0 else None
 
 

@@ -359,6 +359,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "KVSTORE_NATIVE_CACHE": "where compiled native ops are cached (default ~/.cache/kvstore/native)",
     "KVSTORE_CUDA_ARCH": "nvcc -arch for the CUDA ops (default: the GPUs present)",
     "KVSTORE_COPY_BLOCKS": "thread blocks per copy_rows launch (tuning)",
+    "KVSTORE_SAVE_BLOCKS": "thread blocks of a save's copy_rows launch (tuning)",
     "KVSTORE_TORCH_SPEC": "scripts/bootstrap.sh: the torch requirement to install",
     "KVSTORE_SKIP_TORCH": "scripts/bootstrap.sh: 1 keeps the torch already in .venv",
     "KVSTORE_GIT_COMMIT": "scripts/gpu.sh: the commit recorded with benchmark results",

@@ -139,6 +139,21 @@ def copy_rows_blocks(device: torch.device) -> int:
     return max(8, sms // 4)
 
 
+def save_copy_blocks(device: torch.device) -> int:
+    """Thread blocks of a save's copy_rows launch: ``KVSTORE_SAVE_BLOCKS``, else a sixteenth of
+    the SMs (at least 4). A save overlaps a prefill whose every SM it slows: it only has to keep
+    pace with compute (a 32K Llama-3-8B prefill makes 4 GiB of KV in ~1.4 s), not fill PCIe."""
+    import torch
+
+    from csrc.loader import copy_blocks_override
+
+    override = copy_blocks_override("KVSTORE_SAVE_BLOCKS")
+    if override is not None:
+        return override
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(4, sms // 16)
+
+
 def copy_rows(
     dst: torch.Tensor, src: torch.Tensor, dst_idx: torch.Tensor, src_idx: torch.Tensor,
     *, max_blocks: int | None = None, stream: int | None = None,
