@@ -8,7 +8,9 @@ Data flow for one engine step::
 
 Serving: ``Engine`` (``engine``) runs requests with continuous batching and chunked prefill
 (``scheduler``), sampling per request (``sampling``), prefix caching through the hbm tier's block
-pool; ``tokenizer`` is a byte-level tokenizer for demos; ``demo`` the multi-turn chat demo.
+pool, or ``Engine.from_pretrained(directory)`` for a Hugging Face checkpoint; ``tokenizer`` is the
+tokenizer interface and a byte-level tokenizer for demos, ``tokenizer_hf`` a checkpoint's
+``tokenizer.json``; ``demo`` the multi-turn chat demo.
 
 Modules: ``config`` (ModelConfig, presets, HF config parsing), ``weights`` (random init,
 safetensors checkpoint loading), ``batch`` (batch metadata and validation), ``model`` (the
@@ -29,18 +31,21 @@ from runtime.errors import CheckpointError
 from runtime.model import LlamaForPagedLM, allocate_kv_pool
 from runtime.request import RequestMetrics, RequestOutput
 from runtime.sampling import SamplingParams
-from runtime.tokenizer import ByteTokenizer
+from runtime.tokenizer import ByteTokenizer, Tokenizer
+from runtime.tokenizer_hf import HFTokenizer, load_tokenizer
 from runtime.weights import (
     Checkpoint,
     checkpoint_tensor_shapes,
     load_checkpoint,
+    load_checkpoint_config,
     random_state_dict,
 )
 
 __all__ = [
     "MODEL_CONFIGS", "AttentionBackend", "Batch", "BatchMeta", "ByteTokenizer", "Checkpoint",
-    "CheckpointError", "Engine", "RequestMetrics", "RequestOutput", "SamplingParams",
-    "LlamaForPagedLM", "ModelConfig", "RopeScaling", "SeqInput", "allocate_kv_pool",
+    "CheckpointError", "Engine", "HFTokenizer", "RequestMetrics", "RequestOutput", "SamplingParams",
+    "LlamaForPagedLM", "ModelConfig", "RopeScaling", "SeqInput", "Tokenizer", "allocate_kv_pool",
     "available_backends", "build_batch", "checkpoint_tensor_shapes", "get_model_config",
-    "load_checkpoint", "make_attention_backend", "random_state_dict",
+    "load_checkpoint", "load_checkpoint_config", "load_tokenizer", "make_attention_backend",
+    "random_state_dict",
 ]

@@ -41,6 +41,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +63,9 @@ from runtime.model import LlamaForPagedLM
 from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams, sample
 from runtime.scheduler import EngineConnector, Scheduler, SchedulerConfig
+from runtime.tokenizer import Tokenizer
+from runtime.tokenizer_hf import load_tokenizer
+from runtime.weights import load_checkpoint_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,10 @@ class _ConnectorHooks:
 
 class Engine:
     """Continuous-batching inference over one model and one hbm pool. Not thread-safe."""
+
+    #: The checkpoint's tokenizer when built by :meth:`from_pretrained` from a directory with a
+    #: ``tokenizer.json``; None otherwise (prompts and outputs are token ids).
+    tokenizer: Tokenizer | None = None
 
     def __init__(
         self,
@@ -169,9 +177,65 @@ class Engine:
         in-process KV connector over the store and its first host tier (prefixes evicted from
         hbm are loaded back instead of recomputed), with ``prefetch_policy`` and
         ``prefetch_timeout_s`` for pages below host (see :class:`InProcessWorker`)."""
-        cfg = get_model_config(config_name)
-        model = LlamaForPagedLM.from_random(cfg, seed, backend=backend, device=device)
-        layout = cfg.kv_layout(block_size)
+        model = LlamaForPagedLM.from_random(get_model_config(config_name), seed,
+                                            backend=backend, device=device)
+        return cls._over_store(
+            model, f"random/{config_name}/{seed}", device, num_blocks=num_blocks,
+            block_size=block_size, lower_tiers=lower_tiers, write_policy=write_policy,
+            prefetch_policy=prefetch_policy, prefetch_timeout_s=prefetch_timeout_s,
+            layerwise=layerwise, **engine_kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        backend: str = DEFAULT_BACKEND,
+        model_id: str | None = None,
+        **kwargs: Any,
+    ) -> Engine:
+        """The engine over a Hugging Face checkpoint directory: ``config.json`` and its
+        ``*.safetensors`` weights (:func:`runtime.weights.load_checkpoint`; pickles are never
+        loaded), in ``dtype`` (default: the checkpoint's) on ``device``.
+
+        ``engine.tokenizer`` is the checkpoint's ``tokenizer.json`` read with the ``tokenizers``
+        library (:class:`runtime.tokenizer_hf.HFTokenizer`), or None when there is none — then
+        prompts and outputs are token ids only. The store's namespace is ``model_id``, by default
+        ``"hf/<resolved directory>"``: engines sharing lower tiers reuse each other's pages only
+        under the same id (and dtype). Every other keyword is as for :meth:`from_config`
+        (``num_blocks``, ``block_size``, ``lower_tiers``, ``write_policy``, the prefetch and
+        ``layerwise`` settings) or :meth:`__init__`. Raises :class:`~runtime.errors.CheckpointError`
+        naming the file for a bad checkpoint or tokenizer, before any weight is read."""
+        root = Path(path)
+        config = load_checkpoint_config(root)
+        tokenizer = load_tokenizer(root, config.vocab_size)
+        model = LlamaForPagedLM.from_checkpoint(root, backend=backend, device=device, dtype=dtype)
+        engine = cls._over_store(model, model_id or f"hf/{root.resolve()}", device, **kwargs)
+        engine.tokenizer = tokenizer
+        return engine
+
+    @classmethod
+    def _over_store(
+        cls,
+        model: LlamaForPagedLM,
+        model_id: str,
+        device: str | torch.device,
+        *,
+        num_blocks: int = 256,
+        block_size: int = 16,
+        lower_tiers: Sequence[Tier] = (),
+        write_policy: str = "write_back",
+        prefetch_policy: str = "timeout",
+        prefetch_timeout_s: float = 5.0,
+        layerwise: bool = True,
+        **engine_kwargs: Any,
+    ) -> Engine:
+        """``model`` over a new hbm pool on ``device`` in a TieredStore over
+        ``[hbm, *lower_tiers]``, in namespace ``model_id``, with the connector when a lower tier
+        is a :class:`HostTier` (the keywords as for :meth:`from_config`)."""
+        layout = model.config.kv_layout(block_size)
         metrics = lower_tiers[0].metrics if lower_tiers else Metrics()
         pool = HBMTier("hbm", layout, num_blocks, metrics, device=device)
         # The pool evicts leaf-first ("lineage"): a hit touches a chain head to tail, so LRU would
@@ -180,7 +244,7 @@ class Engine:
         policies = ["lineage", *["lru"] * len(lower_tiers)]
         store = TieredStore(layout, [pool, *lower_tiers], policies,
                             write_policy=write_policy)  # type: ignore[arg-type]
-        namespace = Namespace(f"random/{config_name}/{seed}", layout)
+        namespace = Namespace(model_id, layout)
         host = next((t for t in lower_tiers if isinstance(t, HostTier)), None)
         if host is not None and "connector" not in engine_kwargs:
             engine_kwargs["connector"] = (

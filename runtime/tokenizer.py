@@ -1,4 +1,7 @@
-"""A byte-level tokenizer for demos and tests: UTF-8 bytes map to ids, plus three special ids.
+"""Tokenizers: the :class:`Tokenizer` interface, and a byte-level tokenizer for demos and tests.
+
+A checkpoint's own ``tokenizer.json`` is read by :mod:`runtime.tokenizer_hf`. The byte-level
+tokenizer maps UTF-8 bytes to ids, plus three special ids:
 
 ::
 
@@ -11,8 +14,23 @@ emit them).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from kvstore.errors import InvalidArgument
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids. ``encode`` adds no special token unless asked: ``add_bos`` prepends the
+    BOS id and ``add_eos`` appends the EOS id (each only where the tokenizer has one).
+    ``decode`` drops special tokens unless ``skip_special=False``; ids it does not know decode to
+    nothing or U+FFFD, never an error (a random-weight model emits any id of its vocabulary)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str: ...
 
 
 class ByteTokenizer:
@@ -50,4 +68,4 @@ class ByteTokenizer:
         return out.decode("utf-8", errors="replace")
 
 
-__all__ = ["ByteTokenizer"]
+__all__ = ["ByteTokenizer", "Tokenizer"]

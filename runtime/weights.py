@@ -92,6 +92,23 @@ def random_state_dict(
     return out
 
 
+def load_checkpoint_config(path: str | Path) -> ModelConfig:
+    """The :class:`ModelConfig` of the checkpoint directory ``path`` (its ``config.json``), no
+    weight read. Raises :class:`CheckpointError` for a missing directory or ``config.json``, bad
+    JSON or an invalid config field."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {str(root)!r} does not exist or is not a directory",
+            hint="pass the directory that holds config.json and *.safetensors",
+        )
+    raw = read_json_object(root / "config.json")
+    try:
+        return ModelConfig.from_hf_config(raw, source=str(root / "config.json"))
+    except ConfigError as exc:
+        raise CheckpointError(exc.message, hint=exc.hint) from None
+
+
 def load_checkpoint(
     path: str | Path,
     *,
@@ -107,16 +124,7 @@ def load_checkpoint(
     misshaped tensor.
     """
     root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(
-            f"checkpoint directory {str(root)!r} does not exist or is not a directory",
-            hint="pass the directory that holds config.json and *.safetensors",
-        )
-    raw = _read_json(root / "config.json")
-    try:
-        config = ModelConfig.from_hf_config(raw, source=str(root / "config.json"))
-    except ConfigError as exc:
-        raise CheckpointError(exc.message, hint=exc.hint) from None
+    config = load_checkpoint_config(root)
     locations = _tensor_locations(root)
     expected = checkpoint_tensor_shapes(config)
     present = {n for n in locations if not n.endswith(_IGNORED_SUFFIXES)}
@@ -142,7 +150,9 @@ def load_checkpoint(
                                             device))
 
 
-def _read_json(path: Path) -> dict:  # type: ignore[type-arg]
+def read_json_object(path: Path) -> dict:  # type: ignore[type-arg]
+    """The JSON object in ``path``; :class:`CheckpointError` names the file when it is missing,
+    unreadable, not JSON or not an object."""
     if not path.is_file():
         raise CheckpointError(
             f"{str(path)!r} is missing", hint="a checkpoint directory needs a config.json"
@@ -170,7 +180,7 @@ def _tensor_locations(root: Path) -> dict[str, Path]:
 
     index_path = root / INDEX_FILE
     if index_path.exists():
-        weight_map = _read_json(index_path).get("weight_map")
+        weight_map = read_json_object(index_path).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(
                 f"{str(index_path)!r} has no 'weight_map' object",

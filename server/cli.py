@@ -10,9 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import kvstore
-from kvstore import load_config
+from kvstore import KVStoreError, load_config
 from server.cli_errors import ReportingGroup
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console()
+err = Console(stderr=True)
 
 ConfigOpt = Annotated[
     Optional[Path],
@@ -53,15 +55,25 @@ def main(
 
 @app.command()
 def demo(
-    model: Annotated[str, typer.Option(help="named model config: tiny, small, llama3-8b")] = "small",
-    turns: Annotated[int, typer.Option(min=1, max=50)] = 4,
-    max_tokens: Annotated[int, typer.Option(min=1, max=512)] = 16,
+    model: Annotated[str, typer.Option(
+        help="'small' (random weights) or a Hugging Face checkpoint directory (config.json + "
+             "*.safetensors; its tokenizer.json when present, else UTF-8 byte ids)")] = "small",
+    turns: Annotated[int, typer.Option(  # max: len(runtime.demo.USER_TURNS), kept by a test
+        min=1, max=6, help="chat turns; the scripted chat has 6")] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, max=512, help="new tokens per reply")] = 16,
 ) -> None:
     """The bundled runtime on a multi-turn chat, with and without the prefix cache: per-turn
-    TTFT and tokens computed vs reused."""
+    TTFT and tokens computed vs reused; then two chats over a host tier. Progress goes to
+    stderr."""
     from runtime.demo import run_chat_demo
 
-    run_chat_demo(model, turns, max_tokens=max_tokens, console=console)
+    try:
+        run_chat_demo(model, turns, max_tokens=max_tokens, console=console, progress=err)
+    except KVStoreError as exc:  # a model the demo cannot run is a usage error: exit 2
+        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        if exc.hint:
+            err.print(f"[yellow]hint:[/yellow] {escape(exc.hint)}")
+        raise typer.Exit(2) from None
 
 
 @app.command("store-demo")

@@ -37,7 +37,9 @@ def test_setup_commands_exist() -> None:
 #
 # Every ```python block runs as written, each in a fresh interpreter in an empty directory, after
 # the ```toml blocks whose first line names a file (``# kvstore.toml``) were saved there. A block
-# that reads REDIS_URL gets a private redis-server. A block whose first line names a script
+# that reads REDIS_URL gets a private redis-server; one that reads CHECKPOINT, a tiny Hugging Face
+# checkpoint directory with a tokenizer.json (as save_pretrained and the tokenizers library
+# write them). A block whose first line names a script
 # (``# share.py``) is a recipe that a test below runs as real processes.
 
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
@@ -86,15 +88,28 @@ def test_every_python_block_is_run() -> None:
 @pytest.mark.parametrize("heading, code", SNIPPETS, ids=[h for h, _ in SNIPPETS])
 def test_python_block_runs(heading: str, code: str, tmp_path: Path) -> None:
     env = {}
-    if "REDIS_URL" in code:
-        server = RedisServer()
+    if "CHECKPOINT" in code:
+        env["CHECKPOINT"] = str(tiny_checkpoint(tmp_path / "ckpt"))
+    server = RedisServer() if "REDIS_URL" in code else None
+    if server is not None:
         env["REDIS_URL"] = server.url
     try:
         proc = run_python(code, tmp_path, env=env)
     finally:
-        if env:
+        if server is not None:
             server.stop()
     assert proc.returncode == 0, f"README block under {heading!r} failed:\n{proc.stderr}"
+
+
+def tiny_checkpoint(path: Path) -> Path:
+    from runtime import get_model_config
+    from tests.runtime.conftest import make_hf_checkpoint, make_tokenizer_json
+
+    path.mkdir()
+    cfg = get_model_config("tiny")
+    make_hf_checkpoint(cfg, path, seed=5, shard=False)
+    make_tokenizer_json(path, ["The capital of France is Paris ."], vocab_size=cfg.vocab_size)
+    return path
 
 
 def test_redis_sharing_recipe_runs_as_two_processes(redis_server: RedisServer,

@@ -85,3 +85,32 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def make_tokenizer_json(path: Path, texts: list[str], vocab_size: int) -> Any:
+    """Train a word-level tokenizer on ``texts`` with the ``tokenizers`` library and save it as
+    ``path / "tokenizer.json"``. Ids 0-3 are ``<pad> <s> </s> <unk>`` (so BOS 1 and EOS 2 match a
+    default ``LlamaConfig``). Returns the ``tokenizers.Tokenizer``."""
+    tokenizers = importlib.import_module("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    trainer = tokenizers.trainers.WordLevelTrainer(
+        vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    return tok
+
+
+@pytest.fixture(scope="session")
+def chat_ckpt(tmp_path_factory: pytest.TempPathFactory, tiny_cfg: ModelConfig) -> tuple[Path, Any]:
+    """A single-file checkpoint of the tiny config with a 1024-token context (room for the chat
+    demo), saved by ``save_pretrained``, with a word-level ``tokenizer.json`` trained on the demo's
+    texts. Returns the directory and the ``tokenizers.Tokenizer``."""
+    from runtime.demo import SYSTEM_PROMPT, USER_TURNS
+
+    cfg = dataclasses.replace(tiny_cfg, max_position_embeddings=1024)
+    path = tmp_path_factory.mktemp("chat_ckpt")
+    make_hf_checkpoint(cfg, path, seed=7, shard=False)
+    tok = make_tokenizer_json(path, [SYSTEM_PROMPT, *USER_TURNS, "User: Assistant:"],
+                              vocab_size=cfg.vocab_size)
+    return path, tok
