@@ -37,6 +37,9 @@ Guarantees:
 * **Errors.** A write that meets ENOSPC, EFBIG, EDQUOT, EIO or an index commit failure is
   refused (False), logged once per condition and counted in ``kvstore_tier_errors_total``;
   reads keep working and writes resume when space frees (freed slots are reused lowest first).
+  An index commit that fails for another reason is damage (``disk_index``): the index is moved
+  aside, the tier forgets every page and goes on with an empty index (the write that found it
+  is committed there).
 * **Concurrency.** ``_lock`` guards the in-memory index, the free heap and reader pins; it is
   never held during I/O. ``_commit_lock`` serialises LMDB transactions with the in-memory
   changes they publish, so both see one order of events. A slot being read is pinned: a
@@ -45,13 +48,15 @@ Guarantees:
   next commit, or from a background flush at most every ``ATIME_FLUSH_S``.
 * **Safety.** One process and one tier per directory (flock, also within a process). Network
   filesystems are refused unless ``allow_network_fs``. A damaged index never stops the tier: it
-  is moved aside and the tier starts empty (logged as an error).
+  is moved aside and the tier starts empty (logged as an error). A capacity that does not fit
+  the filesystem (``disk_space``) is refused before anything is reserved or the index is
+  touched; a failed reservation gives back what it got. A filesystem too full to take the lock
+  file's pid is a TierUnavailable, and no failed open keeps the directory locked.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import heapq
 import logging
 import os
@@ -72,20 +77,16 @@ from kvstore.metrics import Metrics
 from kvstore.record import RecordMac
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
-from kvstore.tiers.disk_index import DiskIndex, IndexEntry
+from kvstore.tiers.disk_index import DiskIndex, IndexEntry, IndexReplaced
 from kvstore.tiers.disk_io import ALIGN, aligned_empty
+from kvstore.tiers.disk_lock import lock_directory
 from kvstore.tiers.disk_slab import Slab
+from kvstore.tiers.disk_space import check_capacity
 
 log = logging.getLogger("kvstore.tiers.disk")
 
 DEFAULT_MAX_IO_BYTES = 8 << 20
 ATIME_FLUSH_S = 30.0
-_SPACE_ERRNOS = {
-    errno.ENOSPC: "the filesystem is full",
-    errno.EDQUOT: "the disk quota is spent",
-    errno.EFBIG: "the file-size limit is reached",
-    errno.EIO: "an I/O error",
-}
 
 
 class DiskTier(Tier):
@@ -112,10 +113,11 @@ class DiskTier(Tier):
         I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
         fall back), True (refuse to start without it) or False. ``fsync``: fdatasync the slab
         and sync LMDB on every commit (survives power loss; without it only process crashes).
-        ``preallocate``: allocate the whole slab at start. ``allow_network_fs``: run on
-        NFS/CIFS/... anyway. ``check_index``: walk the index in a child process before opening
-        it. ``max_io_bytes``: the most bytes one preadv/pwritev moves. ``mac``: the records'
-        MAC, keyed by the deployment secret (None: the public key)."""
+        ``preallocate``: allocate the whole slab at start (else it is sparse and grows).
+        ``allow_network_fs``: run on NFS/CIFS/... anyway. ``check_index``: walk the index in a
+        child process before opening it. ``max_io_bytes``: the most bytes one preadv/pwritev
+        moves. ``mac``: the records' MAC, keyed by the deployment secret (None: the public
+        key)."""
         super().__init__(name, layout, capacity_pages, metrics)
         what = f"disk tier {name!r}:"
         if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
@@ -176,7 +178,7 @@ class DiskTier(Tier):
                 "its locking and O_DIRECT semantics cannot keep the index consistent",
                 hint="use a local disk, or set the disk tier's allow_network_fs to true",
             )
-        self._lock_fd = _lock_directory(path)
+        self._lock_fd = lock_directory(path)
         reason = disk_io.probe_o_direct(path) if o_direct is not False else "disabled"
         if reason is not None and o_direct is True:
             raise ConfigError(
@@ -195,6 +197,11 @@ class DiskTier(Tier):
             mac=self._mac,
         )
         self.slot_bytes = slab.slot_bytes
+        check_capacity(
+            self.name, path, self.capacity_pages, slot_bytes=slab.slot_bytes,
+            block_size=layout.block_size, preallocate=prealloc, slab_file=slab.path,
+            index_file=path / "index" / "data.mdb",
+        )
         self._index = DiskIndex(
             path, slab.geometry, block_size=layout.block_size, capacity_pages=self.capacity_pages,
             sync=self.fsync, check=check,
@@ -204,9 +211,16 @@ class DiskTier(Tier):
         try:
             problem = slab.open(prealloc)
         except OSError as exc:
+            if exc.errno in disk_io.SPACE_ERRNOS:  # the room check passed; someone took it since
+                raise ConfigError(
+                    f"disk tier {self.name!r}: capacity_pages={self.capacity_pages}: cannot "
+                    f"allocate its slab of {slab.nbytes} bytes in {slab.path}: "
+                    f"{disk_io.describe(exc)}",
+                    hint="lower the disk tier's capacity, or free space on its filesystem",
+                ) from None
             raise ConfigError(
-                f"disk tier {self.name!r}: cannot open {slab.path}: {exc.strerror}",
-                hint="check the disk tier directory's permissions",
+                f"disk tier {self.name!r}: cannot open {slab.path}: {disk_io.describe(exc)}",
+                hint="check the disk tier directory's permissions and its disk",
             ) from None
         if problem:
             log.warning("disk tier %r: slab %s: %s", self.name, slab.path, problem)
@@ -235,6 +249,8 @@ class DiskTier(Tier):
             try:
                 assert self._index is not None
                 self._index.delete(drop)
+            except IndexReplaced:  # the drop found the index damaged: an empty one replaced it
+                self._entries, taken = {}, set()
             except lmdb.Error as exc:
                 log.error("disk tier %r: cannot drop them from the index: %s", self.name, exc)
         self._hwm = max(taken) + 1 if taken else 0
@@ -369,14 +385,14 @@ class DiskTier(Tier):
             if exc is None:
                 checksums.update(zip(run, sums))
             elif isinstance(exc, OSError):
-                failure = _describe(exc)
+                failure = disk_io.describe(exc)
             else:
                 raise exc
         if checksums and self.fsync:
             try:
                 slab.sync()
             except OSError as exc:
-                return _describe(exc)
+                return disk_io.describe(exc)
         if not checksums:
             return failure
         now, fp, page = time.time(), self.layout.fingerprint, self.layout.page_bytes
@@ -437,7 +453,7 @@ class DiskTier(Tier):
                 try:
                     results = job.result()
                 except OSError as exc:
-                    failure = _describe(exc)
+                    failure = disk_io.describe(exc)
                     continue
                 for i, reason in zip(run, results):
                     if reason is None:
@@ -491,12 +507,32 @@ class DiskTier(Tier):
             touched = [(k, self._entries[k]) for k in self._dirty if k in self._entries]
             self._dirty = set()
             removed = self._pending
-        self._index.commit(touched + puts, [k for k, _ in removed])
+        try:
+            self._index.commit(touched + puts, [k for k, _ in removed])
+        except IndexReplaced:
+            # The old index is gone with every page it named; ``puts`` name records already
+            # durable in the slab, so they go into the new one.
+            self._forget_all()
+            try:
+                self._index.commit(puts)
+            except IndexReplaced:
+                self._forget_all()
+                raise
         self._last_flush = time.monotonic()
         with self._lock:
             self._pending = []
             for _, slot in removed:
                 self._unlink(slot)
+
+    def _forget_all(self) -> None:
+        """Forget every published page: the index that named them was replaced by an empty
+        one. Slots allocated to writes still in flight are in neither the index nor the free
+        heap and stay theirs; slots being read are freed after their last reader."""
+        with self._lock:
+            for entry in self._entries.values():
+                self._unlink(entry.slot)
+            self._entries = {}
+            self._dirty = set()
 
     def _drop(self, key: bytes, slot: int) -> None:
         """Remove ``key`` if it still names ``slot`` (a read found its record damaged)."""
@@ -575,33 +611,6 @@ class DiskTier(Tier):
                 "disk tier %r at %s: reads fail: %s; served as misses", self.name, self.path,
                 failure,
             )
-
-
-def _lock_directory(path: Path) -> int:
-    """Take the directory's exclusive flock (non-blocking) and write our pid into it."""
-    lock_path = path / "LOCK"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ConfigError(f"cannot lock disk tier directory {path}: {exc.strerror}") from None
-        who = "this process" if holder == str(os.getpid()) else f"process {holder}"
-        raise ConfigError(
-            f"disk tier directory {path} is already open (by {who})",
-            hint="give every disk tier, in every process, its own directory",
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _describe(exc: OSError) -> str:
-    what = _SPACE_ERRNOS.get(exc.errno or 0)
-    text = f"{exc.strerror or exc} (errno {exc.errno})"
-    return f"{what}: {text}" if what else text
 
 
 __all__ = ["ALIGN", "DiskTier", "aligned_empty"]

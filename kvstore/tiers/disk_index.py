@@ -14,21 +14,37 @@ One LMDB environment in ``<dir>/index/`` with two named databases:
       64      8     last access          f64, seconds since the epoch
       72      4*B   token ids            B = layout.block_size
 
-* ``meta``: ``b"geometry"`` -> JSON of the slot geometry the slab was written with.
+* ``meta``: ``b"geometry"`` -> the slot geometry the slab was written with::
+
+      offset  size  field
+      0       4     magic                b"kvg1"
+      4       8     checksum             xxh3_64 of the JSON, little-endian
+      12      ...   JSON of the geometry (sorted keys)
+
+  (An index written before the checksum holds the bare JSON; when it equals the geometry asked
+  for it is accepted and rewritten in this form.)
 
 Opening is defensive. Unless told otherwise, the environment is first walked end to end by a
 separate Python process that imports only ``lmdb``, so a damaged file that would crash LMDB
-kills that process, not the server. An index that fails this check, or raises ``lmdb.Error``
-on open or on the first scan, is renamed to ``index.corrupt-<UTC time>`` and a fresh, empty one
-is created (logged as an error; every slot of the slab becomes free). Entries that do not parse
-are dropped. A geometry that differs from the one asked for is refused (ConfigError): the
-directory holds another layout's cache and is not ours to wipe.
+kills that process, not the server; the child also commits a put and a delete in every
+database, because some damage (a flag in the free-page list) passes every read and fails every
+commit. An index that fails this check, or raises ``lmdb.Error`` on open or on the first scan
+(other than a full filesystem), or whose geometry record fails its checksum, is renamed to
+``index.corrupt-<UTC time>`` and a fresh, empty one is created (logged as an error; every slot
+of the slab becomes free). Entries that do not parse are dropped. A geometry that is intact but
+differs from the one asked for is refused (ConfigError): the directory holds another layout's
+cache and is not ours to wipe.
+
+A commit that fails for any reason other than a full filesystem (:func:`is_space_error`) is
+damage found late: the index is moved aside and replaced by an empty one at once, and the
+commit raises :class:`IndexReplaced` so the tier forgets what the old index held.
 
 Not thread-safe: the tier serialises every write transaction under its commit lock.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -43,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import xxhash
 
 from kvstore.errors import ConfigError, TierUnavailable
 from kvstore.keys import KEY_BYTES, BlockMeta
@@ -54,32 +71,61 @@ _VALUE = struct.Struct("<QQ16s8s16sQd")
 assert _VALUE.size == 72
 _CHECK_TIMEOUT_S = 300.0
 
-# Walks every database of the environment at argv[1], then allocates pages in a write
-# transaction it aborts (which reads the free list); exit 0 when all of it works, 3 with the
-# error on stderr when lmdb raises. A crash (a signal) is the other way a damaged file shows.
+_GEOMETRY_MAGIC = b"kvg1"
+_GEOMETRY_HEAD = struct.Struct("<4sQ")
+
+# Walks every database of the environment at argv[1]; allocates pages in a write transaction
+# it aborts (which reads the free list); then commits a put and a delete of one key in every
+# database (which rewrites the free list and every database's record: the net content is
+# unchanged). Exit 0 when all of it works, 3 with the error on stderr when lmdb raises. A crash
+# (a signal) is the other way a damaged file shows. A full filesystem is not damage: exit 0.
 # Runs while the tier holds the directory's flock, so no other process uses the environment.
 _CHECK_SCRIPT = """
-import sys
+import errno, sys
 sys.path[:0] = [p for p in sys.argv[2:] if p]
 import lmdb
+probe = b"kvstore-index-check"
 try:
     env = lmdb.open(sys.argv[1], lock=False, max_dbs=4, subdir=True, map_size=1 << 40)
     with env.begin() as txn:
         names = [bytes(k) for k, _ in txn.cursor()]
-        for name in names:
-            db = env.open_db(name, txn=txn, create=False)
+        dbs = [env.open_db(name, txn=txn, create=False) for name in names]
+        for db in dbs:
             n = 0
             for k, v in txn.cursor(db=db):
                 n += len(k) + len(v)
     txn = env.begin(write=True)
     for i in range(64):
-        txn.put(b"kvstore-index-check-%d" % i, bytes(4096))
+        txn.put(b"%s-%d" % (probe, i), bytes(4096))
     txn.abort()
+    try:
+        with env.begin(write=True) as txn:
+            for db in [None, *[env.open_db(n, txn=txn, create=False) for n in names]]:
+                txn.put(probe, b"x", db=db)
+                txn.delete(probe, db=db)
+    except lmdb.Error as exc:
+        if not (isinstance(exc, lmdb.DiskError) or getattr(exc, "code", 0) in
+                (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
+            raise
     env.close()
 except lmdb.Error as exc:
     print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
     sys.exit(3)
 """
+
+
+class IndexReplaced(lmdb.Error):
+    """A commit showed the index damaged: it was moved aside and an empty index stands in its
+    place. Nothing of the failed transaction, nor of anything committed before, is in it."""
+
+
+def is_space_error(exc: lmdb.Error) -> bool:
+    """True when ``exc`` means the filesystem has no room (full, quota, file-size limit) or the
+    medium failed (EIO): conditions that pass, unlike damage to the index's own bytes."""
+    code = getattr(exc, "code", 0)
+    return isinstance(exc, lmdb.DiskError) or code in (
+        errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO,
+    )
 
 
 @dataclass(slots=True)
@@ -135,11 +181,8 @@ class DiskIndex:
         self.geometry = geometry
         self.block_size = block_size
         self.sync = sync
-        entry_bytes = KEY_BYTES + _VALUE.size + 4 * block_size + 32
-        # B-tree pages run ~2/3 full and copy-on-write needs room for the old and new versions:
-        # reserve 4x the raw entry bytes (virtual address space only; the file grows as needed).
-        self.map_size = round_up_mib(8 * 2**20 + 4 * entry_bytes * capacity_pages)
-        self.reserve_bytes = 2**20 + 2 * entry_bytes * capacity_pages
+        self.map_size = map_bytes(block_size, capacity_pages)
+        self.reserve_bytes = reserve_bytes(block_size, capacity_pages)
         #: Where a damaged index was moved to at open, or None.
         self.moved_aside: Path | None = None
         self.entries: list[IndexEntry] = []
@@ -150,19 +193,29 @@ class DiskIndex:
                 self._move_aside(problem)
         try:
             self._open_and_scan()
+        except IndexReplaced:
+            pass  # a commit at open (dropping bad entries) found damage: already replaced
         except lmdb.Error as exc:
             self._close_quietly()
+            if is_space_error(exc):
+                raise _no_room(self.path, exc) from None
             self._move_aside(f"{type(exc).__name__}: {exc}")
-            try:
-                self._open_and_scan()
-            except lmdb.Error as exc2:
-                self._close_quietly()
-                raise TierUnavailable(
-                    f"cannot create an LMDB index in {self.path}: {exc2}",
-                    hint="check the disk tier directory's permissions and free space",
-                ) from exc2
+            self._open_fresh()
 
     # ----------------------------------------------------------------- open
+
+    def _open_fresh(self) -> None:
+        """Create an empty index where the damaged one was moved from."""
+        try:
+            self._open_and_scan()
+        except lmdb.Error as exc:
+            self._close_quietly()
+            if is_space_error(exc):
+                raise _no_room(self.path, exc) from None
+            raise TierUnavailable(
+                f"cannot create an LMDB index in {self.path}: {exc}",
+                hint="check the disk tier directory's permissions and free space",
+            ) from exc
 
     def _open_and_scan(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -180,24 +233,18 @@ class DiskIndex:
         self._meta_db = self.env.open_db(b"meta")
         self._pages = self.env.open_db(b"pages")
         with self.env.begin(write=True) as txn:
-            raw = txn.get(b"geometry", db=self._meta_db)
-            if raw is None:
-                mine = json.dumps(self.geometry, sort_keys=True).encode()
-                txn.put(b"geometry", mine, db=self._meta_db)
-            else:
-                raw = bytes(raw)
-        if raw is not None:
-            try:
-                found = json.loads(raw)
-            except ValueError:
-                raise lmdb.CorruptedError("geometry record does not parse") from None
-            if found != self.geometry:
-                self.env.close()
-                raise ConfigError(
-                    f"disk tier directory {self.path.parent} holds pages of another geometry: "
-                    f"{found}, this tier is configured for {self.geometry}",
-                    hint="give each layout its own disk tier directory, or delete the old one",
-                )
+            got = txn.get(b"geometry", db=self._meta_db)
+            raw = None if got is None else bytes(got)
+            found = None if raw is None else _decode_geometry(raw)
+            if raw is None or (found == self.geometry and raw[:4] != _GEOMETRY_MAGIC):
+                txn.put(b"geometry", _encode_geometry(self.geometry), db=self._meta_db)
+        if found is not None and found != self.geometry:
+            self.env.close()
+            raise ConfigError(
+                f"disk tier directory {self.path.parent} holds pages of another geometry: "
+                f"{found}, this tier is configured for {self.geometry}",
+                hint="give each layout its own disk tier directory, or delete the old one",
+            )
         self._reserve()
         entries: list[IndexEntry] = []
         bad: list[bytes] = []
@@ -258,7 +305,9 @@ class DiskIndex:
     def commit(
         self, puts: Iterable[tuple[bytes, IndexEntry]], deletes: Sequence[bytes] = ()
     ) -> None:
-        """One transaction: ``deletes`` then ``puts``. Raises lmdb.Error (nothing changed)."""
+        """One transaction: ``deletes`` then ``puts``. Raises lmdb.Error (nothing changed): a
+        full filesystem (:func:`is_space_error`), or :class:`IndexReplaced` for any other
+        failure, which is damage."""
         items = [(k, e.pack()) for k, e in puts]
         for attempt in range(3):
             try:
@@ -274,6 +323,14 @@ class DiskIndex:
                 self.map_size *= 2
                 self.env.set_mapsize(self.map_size)
                 log.warning("disk index %s: map full, grown to %d bytes", self.path, self.map_size)
+            except lmdb.Error as exc:
+                if is_space_error(exc):
+                    raise
+                problem = f"a commit failed: {type(exc).__name__}: {exc}"
+                self._close_quietly()
+                self._move_aside(problem)
+                self._open_fresh()
+                raise IndexReplaced(problem) from exc
 
     def delete(self, keys: Sequence[bytes]) -> None:
         self.commit((), keys)
@@ -284,6 +341,57 @@ class DiskIndex:
 
 def round_up_mib(n: int) -> int:
     return -(-n // 2**20) * 2**20
+
+
+def _entry_bytes(block_size: int) -> int:
+    """An upper bound of one entry's bytes in a B-tree leaf: key, value and node header."""
+    return KEY_BYTES + _VALUE.size + 4 * block_size + 32
+
+
+def map_bytes(block_size: int, capacity_pages: int) -> int:
+    """The LMDB map size (virtual address space) for ``capacity_pages`` entries. B-tree pages
+    run ~2/3 full and copy-on-write needs room for the old and new versions: 4x the raw bytes."""
+    return round_up_mib(8 * 2**20 + 4 * _entry_bytes(block_size) * capacity_pages)
+
+
+def reserve_bytes(block_size: int, capacity_pages: int) -> int:
+    """Blocks reserved past the end of data.mdb so that deletes can commit on a full disk."""
+    return 2**20 + reserve_bytes_per_page(block_size) * capacity_pages
+
+
+def reserve_bytes_per_page(block_size: int) -> int:
+    return 2 * _entry_bytes(block_size)
+
+
+def _encode_geometry(geometry: dict[str, Any]) -> bytes:
+    body = json.dumps(geometry, sort_keys=True).encode()
+    return _GEOMETRY_HEAD.pack(_GEOMETRY_MAGIC, xxhash.xxh3_64_intdigest(body)) + body
+
+
+def _decode_geometry(raw: bytes) -> dict[str, Any]:
+    """The geometry a record holds; raises lmdb.CorruptedError (damage) when it fails its
+    checksum or does not parse. A record without the magic is the bare JSON of old indexes."""
+    body = raw
+    if raw[:4] == _GEOMETRY_MAGIC:
+        _, checksum = _GEOMETRY_HEAD.unpack_from(raw)
+        body = raw[_GEOMETRY_HEAD.size :]
+        if xxhash.xxh3_64_intdigest(body) != checksum:
+            raise lmdb.CorruptedError("the geometry record fails its checksum")
+    try:
+        found = json.loads(body)
+    except ValueError:
+        raise lmdb.CorruptedError("the geometry record does not parse") from None
+    if not isinstance(found, dict):
+        raise lmdb.CorruptedError("the geometry record is not an object")
+    return found
+
+
+def _no_room(path: Path, exc: lmdb.Error) -> TierUnavailable:
+    return TierUnavailable(
+        f"cannot open the LMDB index in {path}: the filesystem has no room or failed "
+        f"({type(exc).__name__}: {exc})",
+        hint="free space on the disk tier's filesystem, then start the tier again",
+    )
 
 
 def _check_in_child(path: Path) -> str | None:
@@ -311,4 +419,12 @@ def _check_in_child(path: Path) -> str | None:
     return detail[-1] if detail else f"checker exited with status {proc.returncode}"
 
 
-__all__ = ["DiskIndex", "IndexEntry"]
+__all__ = [
+    "DiskIndex",
+    "IndexEntry",
+    "IndexReplaced",
+    "is_space_error",
+    "map_bytes",
+    "reserve_bytes",
+    "reserve_bytes_per_page",
+]

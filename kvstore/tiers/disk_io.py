@@ -125,17 +125,41 @@ def probe_o_direct(directory: Path) -> str | None:
     return None
 
 
+#: errnos of a failed allocation that mean "there is no room for it" (not "unsupported").
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_WHAT_ERRNO_MEANS = {
+    errno.ENOSPC: "the filesystem is full",
+    errno.EDQUOT: "the disk quota is spent",
+    errno.EFBIG: "the file-size limit is reached",
+    errno.EIO: "an I/O error",
+}
+
+
+def describe(exc: OSError) -> str:
+    """``exc`` for a log line or an error message, led by what it means for the tier."""
+    what = _WHAT_ERRNO_MEANS.get(exc.errno or 0)
+    text = f"{exc.strerror or exc} (errno {exc.errno})"
+    return f"{what}: {text}" if what else text
+
+
 def preallocate(fd: int, nbytes: int) -> str | None:
-    """Give the file ``nbytes`` of allocated blocks (so later writes cannot run out of space);
-    where the filesystem cannot, make it at least that long (sparse). Returns None, or a message
-    saying what could not be done."""
+    """Give the file ``nbytes`` of allocated blocks (so later writes cannot run out of space).
+    Returns None, or, where the filesystem cannot preallocate, a message saying so (the file is
+    then made ``nbytes`` long and sparse). Raises OSError (ENOSPC, EDQUOT, EFBIG, EIO...) when
+    the blocks cannot be had: the file is then as it was, with no block of the failed call kept
+    (ext4 keeps what a failed ``fallocate`` got; those blocks would hide in the file)."""
+    old_size = os.fstat(fd).st_size
+    holes = _holes(fd, old_size)
     try:
         os.posix_fallocate(fd, 0, nbytes)
         return None
     except OSError as exc:
+        _give_back(fd, old_size, holes)
+        if exc.errno in SPACE_ERRNOS or exc.errno == errno.EIO:
+            raise
         first = f"cannot preallocate {nbytes} bytes: {exc.strerror}"
     try:
-        if os.fstat(fd).st_size < nbytes:
+        if old_size < nbytes:
             os.ftruncate(fd, nbytes)
     except OSError as exc:
         return f"{first}; cannot extend the file either ({exc.strerror}): it grows as pages arrive"
@@ -143,22 +167,87 @@ def preallocate(fd: int, nbytes: int) -> str | None:
 
 
 _FALLOC_FL_KEEP_SIZE = 1
+_FALLOC_FL_PUNCH_HOLE = 2
 _libc: Any = None
 
 
-def reserve_beyond_eof(fd: int, nbytes: int) -> bool:
-    """Best effort: allocate ``nbytes`` of blocks past the end of the file without changing its
-    size (``fallocate(FALLOC_FL_KEEP_SIZE)``), so a program that later appends there (LMDB) finds
-    space even on a full filesystem. False where unsupported."""
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+    """Linux ``fallocate(2)``; 0 or the errno (ENOSYS where libc has none)."""
     global _libc
     try:
         if _libc is None:
             _libc = ctypes.CDLL(None, use_errno=True)
             _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-        size = os.fstat(fd).st_size
-        return bool(_libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, size, nbytes) == 0)
+        if _libc.fallocate(fd, mode, offset, length) == 0:
+            return 0
+        return ctypes.get_errno() or errno.EIO
     except (OSError, AttributeError):
+        return errno.ENOSYS
+
+
+def _holes(fd: int, size: int) -> list[tuple[int, int]]:
+    """The unallocated ranges ``(offset, length)`` of the file's first ``size`` bytes."""
+    holes: list[tuple[int, int]] = []
+    pos = 0
+    try:
+        while pos < size:
+            hole = os.lseek(fd, pos, os.SEEK_HOLE)
+            if hole >= size:
+                break
+            try:
+                data = os.lseek(fd, hole, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no data after the hole
+                    raise
+                data = size
+            holes.append((hole, min(data, size) - hole))
+            pos = data
+    except (OSError, AttributeError):
+        return []  # no SEEK_HOLE here: nothing to tell holes from data with
+    return holes
+
+
+def _give_back(fd: int, size: int, holes: list[tuple[int, int]]) -> None:
+    """Undo a failed allocation: cut the file back to ``size`` (which also frees blocks kept past
+    the end) and punch again the ``holes`` it had."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+    for offset, length in holes:
+        _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
+
+
+def reserve_beyond_eof(fd: int, nbytes: int) -> bool:
+    """Best effort: have ``nbytes`` of blocks allocated past the end of the file without changing
+    its size (``fallocate(FALLOC_FL_KEEP_SIZE)``), so a program that later appends there (LMDB)
+    finds space even on a full filesystem. False where unsupported or where the filesystem has
+    not the room; then nothing is taken (a failed call's blocks are given back)."""
+    st = os.fstat(fd)
+    missing = st.st_size + nbytes - st.st_blocks * 512
+    if missing <= 0:
+        return True
+    if missing > free_bytes(fd):
         return False
+    if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, st.st_size, nbytes) == 0:
+        return True
+    _give_back(fd, st.st_size, [])
+    return False
+
+
+def free_bytes(where: int | Path) -> int:
+    """Bytes an unprivileged writer may still allocate on the filesystem of ``where`` (a
+    descriptor or a path); the blocks ext4 keeps for root are not counted as ours to take."""
+    st = os.fstatvfs(where) if isinstance(where, int) else os.statvfs(where)
+    return st.f_bavail * st.f_frsize
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes of blocks the file at ``path`` holds (0 if there is none)."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
 
 
 def filesystem_type(path: Path) -> str:
@@ -199,8 +288,12 @@ __all__ = [
     "IOV_MAX",
     "NETWORK_FILESYSTEMS",
     "O_DIRECT",
+    "SPACE_ERRNOS",
     "aligned_empty",
+    "allocated_bytes",
+    "describe",
     "filesystem_type",
+    "free_bytes",
     "is_aligned",
     "is_network_filesystem",
     "preadv_all",

@@ -141,9 +141,11 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def full_fs_scenario(directory: Path) -> dict[str, Any]:
+def full_fs_scenario(directory: Path, leave_free: int | None = None) -> dict[str, Any]:
     """Fill a disk tier whose directory cannot hold its capacity; then evict and write again.
-    Returns what happened, for the test to judge."""
+    The tier's slab is sparse (a capacity that cannot be preallocated is refused at open);
+    with ``leave_free``, once it is open another file takes all but that many bytes of the
+    filesystem. Returns what happened, for the test to judge."""
     layout, page_bytes = FULL_LAYOUT, FULL_LAYOUT.page_bytes
     handler = _Records()
     logger = logging.getLogger("kvstore.tiers.disk")
@@ -162,7 +164,11 @@ def full_fs_scenario(directory: Path) -> dict[str, Any]:
         return ok
 
     try:
-        with DiskTier("full", layout, FULL_CAPACITY, metrics, path=directory) as tier:
+        with DiskTier(
+            "full", layout, FULL_CAPACITY, metrics, path=directory, preallocate=False
+        ) as tier:
+            if leave_free is not None:
+                _fill_all_but(directory.parent / "filler", leave_free)
             while len(stored) + 4 <= FULL_CAPACITY and not result["refused"]:
                 result["refused"] += put(4).count(False)
             result["errors_after_fill"] = tier.stats().errors
@@ -196,6 +202,18 @@ def full_fs_scenario(directory: Path) -> dict[str, Any]:
         logger.removeHandler(handler)
     result["messages"] = handler.messages
     return result
+
+
+def _fill_all_but(filler: Path, leave_free: int) -> None:
+    """Grow ``filler`` until its filesystem has at most ``leave_free`` bytes free."""
+    with open(filler, "wb") as f:
+        while True:
+            st = os.statvfs(filler)
+            extra = st.f_bavail * st.f_frsize - leave_free
+            if extra <= 0:
+                return
+            f.write(bytes(min(extra, 1 << 20)))
+            f.flush()
 
 
 def _read_check(tier: DiskTier, ns: Namespace, keys: list[bytes], result: dict[str, Any]) -> int:

@@ -428,13 +428,14 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
 
 
 def test_full_filesystem_refuses_then_resumes(tmp_path: Path) -> None:
-    """A size-limited tmpfs mount where we may mount one, else a file-size limit on a child."""
+    """A size-limited tmpfs mount where we may mount one (big enough for the tier to open,
+    then filled by another file), else a file-size limit on a child."""
     mnt = tmp_path / "small"
     limit = 3 << 20
-    use_mount = os.environ.get("KVSTORE_TEST_FULLFS") != "rlimit" and _mount_tmpfs(mnt, "4m")
+    use_mount = os.environ.get("KVSTORE_TEST_FULLFS") != "rlimit" and _mount_tmpfs(mnt, "16m")
     if use_mount:
         try:
-            result = full_fs_scenario(mnt / "disk")
+            result = full_fs_scenario(mnt / "disk", leave_free=limit)
         finally:
             subprocess.run(["umount", str(mnt)], check=False, timeout=20)
     else:
