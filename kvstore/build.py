@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kvstore.config import KVStoreConfig
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
@@ -9,15 +12,21 @@ from kvstore.store import TieredStore
 from kvstore.tiers import Tier, make_tier
 
 
-def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredStore:
+def build_store(
+    cfg: KVStoreConfig,
+    metrics: Metrics | None = None,
+    *,
+    tier_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> TieredStore:
     """Open every configured tier, fastest first, and compose them. If a tier fails to open,
-    the ones already opened are closed and the error propagates (the start stops)."""
+    the ones already opened are closed and the error propagates (the start stops).
+    ``tier_kwargs``: extra constructor arguments by tier name (e.g. a host tier's ``slab``)."""
     metrics = metrics if metrics is not None else Metrics()
     layout = cfg.layout.build()
     tiers: list[Tier] = []
     try:
         for tcfg in cfg.tiers:
-            tiers.append(make_tier(tcfg, layout, metrics))
+            tiers.append(make_tier(tcfg, layout, metrics, **(tier_kwargs or {}).get(tcfg.name, {})))
         s = cfg.store
         return TieredStore(
             layout,

@@ -41,11 +41,12 @@ def tier_class(kind: str) -> type[Tier]:
     return cls  # type: ignore[no-any-return]
 
 
-def make_tier(cfg: Any, layout: KVLayout, metrics: Metrics) -> Tier:
-    """Build a tier from its config model (``kvstore.config.*TierConfig``)."""
+def make_tier(cfg: Any, layout: KVLayout, metrics: Metrics, **extra: Any) -> Tier:
+    """Build a tier from its config model (``kvstore.config.*TierConfig``); ``extra``: keyword
+    arguments the config cannot hold (the daemon hands the host tier its shared-memory slab)."""
     cls = tier_class(cfg.kind)
     capacity_pages = int(cfg.capacity) // layout.page_bytes
-    return cls(cfg.name, layout, capacity_pages, metrics, **cfg.tier_kwargs())
+    return cls(cfg.name, layout, capacity_pages, metrics, **cfg.tier_kwargs(), **extra)
 
 
 __all__ = ["TIERS", "Tier", "make_tier", "tier_class"]
