@@ -69,7 +69,7 @@ class SharedSlab:
     def __init__(self, name: str, nbytes: int, addr: int, owner: bool) -> None:
         self.name, self.nbytes, self._addr, self.owner = name, nbytes, addr, owner
         buf = (ctypes.c_uint8 * nbytes).from_address(addr)
-        self.array: np.ndarray = np.frombuffer(buf, dtype=np.uint8)
+        self.array: np.ndarray = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
         self._closed = False
 
     @property

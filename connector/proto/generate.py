@@ -1,4 +1,5 @@
-"""Regenerate ``kvstore_daemon_pb2.py`` and ``kvstore_daemon_pb2_grpc.py`` from the .proto
+"""Regenerate ``kvstore_daemon_pb2.py`` (with its ``.pyi`` types) and ``kvstore_daemon_pb2_grpc.py``
+from the .proto
 (``python -m connector.proto.generate [OUT_DIR]``). Needs grpcio-tools."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 PROTO = "kvstore_daemon.proto"
-OUTPUTS = ("kvstore_daemon_pb2.py", "kvstore_daemon_pb2_grpc.py")
+OUTPUTS = ("kvstore_daemon_pb2.py", "kvstore_daemon_pb2.pyi", "kvstore_daemon_pb2_grpc.py")
 
 
 def generate(out_dir: Path = HERE) -> None:
@@ -20,7 +21,8 @@ def generate(out_dir: Path = HERE) -> None:
     root = HERE.parents[1]
     with tempfile.TemporaryDirectory() as tmp:
         rc = protoc.main([
-            "grpc_tools.protoc", f"-I{root}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+            "grpc_tools.protoc", f"-I{root}", f"--python_out={tmp}", f"--pyi_out={tmp}",
+            f"--grpc_python_out={tmp}",
             str((HERE / PROTO).relative_to(root)),
         ])
         if rc != 0:

@@ -83,6 +83,10 @@ class DaemonProc:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:  # a clean stop removes the socket and the shared-memory segment
+            self.stop(signal.SIGTERM, timeout_s=30)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
