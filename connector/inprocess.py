@@ -92,6 +92,7 @@ from kvstore.ops import copy_spans
 from kvstore.results import Lease
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
+from kvstore.tiers.hbm_owner import OwnedPool
 from kvstore.tiers.slab import SlabSlots
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
@@ -316,8 +317,10 @@ class InProcessScheduler(KVConnectorScheduler):
 
     @property
     def wants_saves(self) -> bool:
-        # under write-through the store copies an engine pool's commits down itself
-        return self.store.write_policy != "write_through"
+        # under write-through a store copies the commits of an engine pool it owns down itself;
+        # a store without the engine's pool (the daemon's) needs every save
+        return self.store.write_policy != "write_through" or not any(
+            isinstance(t, OwnedPool) for t in self.store.tiers)
 
     def close(self) -> None:
         for rid in list(self._matches):

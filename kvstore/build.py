@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from kvstore.config import KVStoreConfig, TierConfig
 from kvstore.errors import ConfigError, InvalidArgument
@@ -16,9 +18,15 @@ from kvstore.tiers import Tier, make_tier, tier_class
 log = logging.getLogger("kvstore.build")
 
 
-def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredStore:
+def build_store(
+    cfg: KVStoreConfig,
+    metrics: Metrics | None = None,
+    *,
+    tier_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> TieredStore:
     """Open every configured tier, fastest first, and compose them. If a tier fails to open,
-    the ones already opened are closed and the error propagates (the start stops)."""
+    the ones already opened are closed and the error propagates (the start stops).
+    ``tier_kwargs``: extra constructor arguments by tier name (e.g. a host tier's ``slab``)."""
     metrics = metrics if metrics is not None else Metrics()
     layout = cfg.layout.build()
     mac = RecordMac(cfg.security.secret_bytes())
@@ -32,7 +40,8 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
     tiers: list[Tier] = []
     try:
         for i, tcfg in enumerate(cfg.tiers):
-            tiers.append(_open_tier(i, tcfg, layout, metrics, mac))
+            extra = (tier_kwargs or {}).get(tcfg.name, {})
+            tiers.append(_open_tier(i, tcfg, layout, metrics, mac, extra))
         s = cfg.store
         return TieredStore(
             layout,
@@ -52,9 +61,9 @@ def build_store(cfg: KVStoreConfig, metrics: Metrics | None = None) -> TieredSto
 
 
 def _open_tier(i: int, tcfg: TierConfig, layout: KVLayout, metrics: Metrics,
-               mac: RecordMac) -> Tier:
+               mac: RecordMac, extra: Mapping[str, Any]) -> Tier:
     try:
-        return make_tier(tcfg, layout, metrics, mac=mac)
+        return make_tier(tcfg, layout, metrics, mac=mac, **extra)
     except InvalidArgument as exc:
         # A host slab is one mapping of its whole capacity: more than the machine can map is a
         # configuration error of that entry (the tier itself refuses it before mapping).

@@ -302,6 +302,35 @@ class SecurityConfig(_Strict):
         return None
 
 
+class DaemonConfig(_Strict):
+    """``kvstore serve``: where the daemon listens and what one request may ask for. A Unix
+    socket (mode 0600) by default; TCP only when ``tcp`` is set, and then every call needs
+    ``token`` (``KVSTORE_DAEMON__TOKEN``) as a bearer token."""
+
+    socket: Path | None = Field(
+        None, description="Unix socket path; default <data_dir>/kvstore.sock")
+    tcp: str | None = Field(None, pattern=r"^\[?[0-9A-Za-z.:-]+\]?:[0-9]{1,5}$",
+                            description="host:port to listen on as well, e.g. 127.0.0.1:50051")
+    token: SecretStr | None = Field(None, description="bearer token TCP clients must send")
+    data_dir: Path | None = Field(
+        None, description="default: $XDG_DATA_HOME/kvstore, else ./kvstore-data")
+    max_message_bytes: Size = Field(ByteSize(64 << 20), ge=1 << 16)
+    max_keys_per_call: PositiveInt = 1 << 16
+    max_handles_per_session: PositiveInt = 4096
+    max_sessions: PositiveInt = 256
+    namespace_quota: Size | None = Field(
+        None, description="bytes of the staging tier one namespace may hold; None: no quota")
+    drain_timeout_s: PositiveFloat = Field(10.0, description="SIGTERM: wait this long for calls")
+    workers: int = Field(32, ge=4, le=1024, description="gRPC handler threads per listener")
+
+    @model_validator(mode="after")
+    def _tcp_needs_token(self) -> DaemonConfig:
+        if self.tcp is not None and (self.token is None or not self.token.get_secret_value()):
+            raise ValueError("tcp is set but token is not: TCP clients must authenticate "
+                             "(set daemon.token or KVSTORE_DAEMON__TOKEN)")
+        return self
+
+
 class KVStoreConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -314,6 +343,7 @@ class KVStoreConfig(BaseSettings):
     tiers: list[TierConfig] = Field(default_factory=lambda: [_default_tier()], min_length=1)
     connector: ConnectorConfig = ConnectorConfig()
     security: SecurityConfig = SecurityConfig()
+    daemon: DaemonConfig = DaemonConfig()
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:

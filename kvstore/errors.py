@@ -59,6 +59,12 @@ class LeaseError(KVStoreError):
     http_status = 409
 
 
+class QuotaExceeded(KVStoreError):
+    """A namespace asked for more room than its configured quota allows."""
+
+    http_status = 429
+
+
 class RecordError(KVStoreError):
     """A stored record failed its checks. Tiers turn this into a miss plus a counter; it only
     escapes from the record codec itself, for callers that decode records directly."""

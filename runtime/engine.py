@@ -152,6 +152,8 @@ class Engine:
         self._known_ids: set[str] = set()
         #: The store the pool belongs to when built by :meth:`from_config` (else None).
         self.store: TieredStore | None = None
+        #: The daemon client when built by :meth:`from_config` with ``daemon`` (else None).
+        self.daemon: Any = None
 
     @classmethod
     def from_config(
@@ -168,6 +170,8 @@ class Engine:
         prefetch_policy: str = "timeout",
         prefetch_timeout_s: float = 5.0,
         layerwise: bool = True,
+        daemon: str | None = None,
+        daemon_token: str | None = None,
         **engine_kwargs: Any,
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of
@@ -176,14 +180,23 @@ class Engine:
         :class:`HostTier` is among ``lower_tiers`` (pinned, for a pool on a GPU), the engine gets an
         in-process KV connector over the store and its first host tier (prefixes evicted from
         hbm are loaded back instead of recomputed), with ``prefetch_policy`` and
-        ``prefetch_timeout_s`` for pages below host (see :class:`InProcessWorker`)."""
+        ``prefetch_timeout_s`` for pages below host (see :class:`InProcessWorker`).
+
+        ``daemon``: the address of a ``kvstore serve`` (``unix:///path.sock`` or ``host:port``
+        with ``daemon_token``) instead of ``lower_tiers``: the same connector runs over a
+        :class:`~connector.daemon.DaemonStore` (exposed as ``engine.daemon``), whose host tier
+        is shared memory. If the daemon goes down the engine recomputes, and reconnects when it
+        is back. Raises DaemonUnavailable if it cannot be reached at start, InvalidArgument if
+        its page layout is not this model's."""
+        if daemon is not None and lower_tiers:
+            raise InvalidArgument("pass either daemon or lower_tiers: the daemon owns the tiers")
         model = LlamaForPagedLM.from_random(get_model_config(config_name), seed,
                                             backend=backend, device=device)
         return cls._over_store(
             model, f"random/{config_name}/{seed}", device, num_blocks=num_blocks,
             block_size=block_size, lower_tiers=lower_tiers, write_policy=write_policy,
             prefetch_policy=prefetch_policy, prefetch_timeout_s=prefetch_timeout_s,
-            layerwise=layerwise, **engine_kwargs)
+            layerwise=layerwise, daemon=daemon, daemon_token=daemon_token, **engine_kwargs)
 
     @classmethod
     def from_pretrained(
@@ -230,11 +243,13 @@ class Engine:
         prefetch_policy: str = "timeout",
         prefetch_timeout_s: float = 5.0,
         layerwise: bool = True,
+        daemon: str | None = None,
+        daemon_token: str | None = None,
         **engine_kwargs: Any,
     ) -> Engine:
         """``model`` over a new hbm pool on ``device`` in a TieredStore over
         ``[hbm, *lower_tiers]``, in namespace ``model_id``, with the connector when a lower tier
-        is a :class:`HostTier` (the keywords as for :meth:`from_config`)."""
+        is a :class:`HostTier` or ``daemon`` is given (the keywords as for :meth:`from_config`)."""
         layout = model.config.kv_layout(block_size)
         metrics = lower_tiers[0].metrics if lower_tiers else Metrics()
         pool = HBMTier("hbm", layout, num_blocks, metrics, device=device)
@@ -245,6 +260,11 @@ class Engine:
         store = TieredStore(layout, [pool, *lower_tiers], policies,
                             write_policy=write_policy)  # type: ignore[arg-type]
         namespace = Namespace(model_id, layout)
+        remote = None
+        if daemon is not None and "connector" not in engine_kwargs:
+            remote = _daemon_connector(daemon, daemon_token, namespace, num_blocks, device,
+                                       prefetch_policy, prefetch_timeout_s, layerwise)
+            engine_kwargs["connector"] = remote[1:]
         host = next((t for t in lower_tiers if isinstance(t, HostTier)), None)
         if host is not None and "connector" not in engine_kwargs:
             engine_kwargs["connector"] = (
@@ -255,6 +275,7 @@ class Engine:
             )
         engine = cls(model, pool, namespace, **engine_kwargs)
         engine.store = store
+        engine.daemon = remote[0] if remote else None
         return engine
 
     # ----------------------------------------------------------------- requests
@@ -428,6 +449,8 @@ class Engine:
         self.drain()
         self.connector.worker.close()
         self.connector.scheduler.close()
+        if self.daemon is not None:
+            self.daemon.close()
 
     def generate(
         self,
@@ -469,3 +492,29 @@ class Engine:
 
 
 __all__ = ["Engine", "RequestOutput", "SamplingParams"]
+
+
+def _daemon_connector(target: str, token: str | None, namespace: Namespace, num_blocks: int,
+                      device: str | torch.device, prefetch_policy: str,
+                      prefetch_timeout_s: float, layerwise: bool) -> tuple[Any, Any, Any]:
+    """A :class:`DaemonStore` at ``target`` and the in-process connector's two sides over it."""
+    from connector.daemon import DaemonStore
+
+    remote = DaemonStore(target, namespace.id, token=token)
+    try:
+        if remote.layout != namespace.layout:
+            raise InvalidArgument(
+                f"the daemon stores pages of {remote.layout}; this model's are {namespace.layout}",
+                hint="start the daemon with this model's [layout]")
+        if torch.device(device).type == "cuda":
+            remote.register_for_dma()
+        staging = remote.staging_tier().name
+        return (remote,
+                InProcessScheduler(remote, namespace, num_blocks=num_blocks,  # type: ignore[arg-type]
+                                   host_tier=staging),
+                InProcessWorker(remote, host_tier=staging,  # type: ignore[arg-type]
+                                prefetch_policy=prefetch_policy,  # type: ignore[arg-type]
+                                prefetch_timeout_s=prefetch_timeout_s, layerwise=layerwise))
+    except BaseException:
+        remote.close()
+        raise

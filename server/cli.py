@@ -95,6 +95,32 @@ def store_demo(
         run_demo(cfg, conversations=conversations, turns=turns, console=console)
 
 
+@app.command()
+def serve(config: ConfigOpt = None) -> None:
+    """Run the sidecar daemon: the store's host tier in shared memory, gRPC on a Unix socket
+    (and TCP with a bearer token when configured). Without --config: a host tier over a disk
+    tier in $XDG_DATA_HOME/kvstore (or ./kvstore-data). SIGTERM/SIGINT drain and exit 0."""
+    import logging
+
+    from server.daemon.app import load_serve_config
+    from server.daemon.app import serve as run
+
+    # a service logs its listeners and its stop at INFO, whatever -v said (-vv still debugs);
+    # timestamps, since its log outlives a terminal
+    level = min(logging.getLogger().level or logging.WARNING, logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s kvstore %(levelname)s %(message)s",
+                        force=True)
+    try:
+        cfg = load_serve_config(config)
+        code = run(cfg)
+    except KVStoreError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        if exc.hint:
+            err.print(f"[yellow]hint:[/yellow] {exc.hint}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
 @app.command("config")
 def show_config(config: ConfigOpt = None) -> None:
     """Validate the configuration and print it with every default filled in (sizes with their

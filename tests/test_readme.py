@@ -14,6 +14,7 @@ import pytest
 from bench.report import readme_table, render
 from kvstore import build_namespace, build_store, load_config
 from tests.redis_servers import RedisServer
+from tests.server.daemon_proc import DaemonProc, write_config
 
 ROOT = Path(__file__).parents[1]
 
@@ -39,7 +40,7 @@ def test_setup_commands_exist() -> None:
 # the ```toml blocks whose first line names a file (``# kvstore.toml``) were saved there. A block
 # that reads REDIS_URL gets a private redis-server; one that reads CHECKPOINT, a tiny Hugging Face
 # checkpoint directory with a tokenizer.json (as save_pretrained and the tokenizers library
-# write them). A block whose first line names a script
+# write them); one that reads DAEMON_URL, a `kvstore serve` for the tiny model's pages. A block whose first line names a script
 # (``# share.py``) is a recipe that a test below runs as real processes.
 
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
@@ -93,11 +94,18 @@ def test_python_block_runs(heading: str, code: str, tmp_path: Path) -> None:
     server = RedisServer() if "REDIS_URL" in code else None
     if server is not None:
         env["REDIS_URL"] = server.url
+    daemon = None
+    if "DAEMON_URL" in code:
+        (tmp_path / "daemon").mkdir()
+        daemon = DaemonProc(write_config(tmp_path / "daemon")).start()
+        env["DAEMON_URL"] = daemon.target
     try:
         proc = run_python(code, tmp_path, env=env)
     finally:
         if server is not None:
             server.stop()
+        if daemon is not None:
+            daemon.stop()
     assert proc.returncode == 0, f"README block under {heading!r} failed:\n{proc.stderr}"
 
 

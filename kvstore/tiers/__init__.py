@@ -45,13 +45,14 @@ def tier_class(kind: str) -> type[Tier]:
 
 
 def make_tier(
-    cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None
+    cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None, **extra: Any
 ) -> Tier:
     """Build a tier from its config model (``kvstore.config.*TierConfig``); a tier that writes
-    records gets ``mac`` (None: the public key, integrity only)."""
+    records gets ``mac`` (None: the public key, integrity only); ``extra``: keyword arguments
+    the config cannot hold (the daemon hands the host tier its shared-memory slab)."""
     cls = tier_class(cfg.kind)
     capacity_pages = int(cfg.capacity) // layout.page_bytes
-    kwargs = cfg.tier_kwargs()
+    kwargs = {**cfg.tier_kwargs(), **extra}
     if cfg.kind in RECORD_TIERS and mac is not None:
         kwargs["mac"] = mac
     return cls(cfg.name, layout, capacity_pages, metrics, **kwargs)

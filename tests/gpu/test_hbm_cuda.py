@@ -70,6 +70,7 @@ def test_store_reads_and_writes_back_cuda_pages() -> None:
         assert store.evict(4, tier="hbm") == 4 and host.contains(chain.keys) == [True] * 4
         out = torch.zeros_like(pages)
         assert store.get(NS.id, chain.keys, out).tiers == ("host",) * 4  # promoted back up
+        store.drain()  # promotion runs on the store's mover thread
         assert torch.equal(out, pages) and hbm.contains(chain.keys) == [True] * 4
         out.zero_()
         assert store.get(NS.id, chain.keys, out).tiers == ("hbm",) * 4

@@ -263,6 +263,7 @@ def test_as_the_bottom_tier_of_a_store(redis_server: RedisServer) -> None:
         got = store.get(ns.id, ch.keys[:8], outs[:8])
         assert got.tiers == ("redis",) * 8
         assert np.array_equal(outs[:8], pages[:8])
+        store.drain()  # promotion runs on the store's mover thread
         assert store.lookup(ch.keys[4:8]).tiers == ("host",) * 4  # promoted
         assert "cmdstat_getrange" not in redis_server.client().info("commandstats")
         store.check_integrity()

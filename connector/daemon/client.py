@@ -1,0 +1,540 @@
+""":class:`DaemonStore`: the sidecar daemon seen as a store. It exposes the part of
+:class:`~kvstore.store.TieredStore` the in-process connector uses (``lookup``/``release``/
+``narrow``, ``prepare_load``/``complete_load``, ``prepare_store``/``complete_store``/``abort``,
+``prefetch``, ``tier(name).contains/count_leading``, ``staging_tier``, ``layout``, ``tiers``,
+``metrics``, ``read_bandwidth``, ``write_policy``), so :class:`~connector.inprocess.
+InProcessScheduler` and :class:`~connector.inprocess.InProcessWorker` run over it unchanged.
+
+Control over gRPC, data through shared memory: the handshake (the session stream's first
+message) names the host tier's ``/dev/shm`` segment; the client maps it, and every handle's
+``slab`` is that mapping, so the worker copies between its KV cache and the daemon's slots with
+no copy through the daemon. :meth:`register_for_dma` page-locks the mapping for a CUDA cache
+(lazy, CUDA only).
+
+Sessions and failure: the client keeps one session stream open; handles and leases live in it,
+and the daemon frees them when the stream ends (this process died). When the daemon cannot be
+reached, calls degrade instead of failing the engine: a lookup is a miss, a load pins nothing,
+a save is refused -- the engine recomputes -- and each failure is counted
+(``kvstore_daemon_client_failures_total{call}``, :attr:`DaemonStore.failures`). The client
+reconnects on a later call (at most every ``reconnect_interval_s``) once it holds no open handle,
+mapping the restarted daemon's new segment at the old address (see :mod:`.shm`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from connector.daemon.errors import DaemonUnavailable, error_of
+from connector.daemon.shm import SharedSlab
+from connector.proto import kvstore_daemon_pb2 as pb
+from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
+from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
+from kvstore.keys import BlockMeta
+from kvstore.layout import KVLayout
+from kvstore.metrics import Metrics
+from kvstore.results import Lease, LookupResult, PutResult
+from kvstore.staging import LoadHandle, StoreHandle
+
+log = logging.getLogger(__name__)
+_owners = itertools.count(1 << 40)  # distinct from in-process stores' owner ids
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonTierStats:
+    name: str
+    kind: str
+    capacity_pages: int
+    used_pages: int
+    free_pages: int
+    hits: int
+    misses: int
+    writes: int
+    evictions: int
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStats:
+    tiers: tuple[DaemonTierStats, ...]
+    lookup_hit_blocks: int
+    lookup_miss_blocks: int
+    active_leases: int
+    sessions: int
+    open_load_handles: int
+    open_store_handles: int
+    integrity_checked: bool
+    integrity_error: str
+
+    def tier(self, name: str) -> DaemonTierStats:
+        return next(t for t in self.tiers if t.name == name)
+
+
+class RemoteTier:
+    """One of the daemon's tiers: its name and size, and membership checks over the wire. The
+    staging tier also has the client's mapping of the slab (``slab``, ``slab_tensor``)."""
+
+    def __init__(self, client: DaemonStore, info: Any) -> None:
+        self._client = client
+        self.name: str = info.name
+        self.kind: str = info.kind
+        self.capacity_pages: int = info.capacity_pages
+        self.shared = False
+
+    @property
+    def slab(self) -> np.ndarray:
+        return self._client._slab_view()
+
+    @property
+    def slab_tensor(self) -> Any:
+        import torch
+
+        return torch.from_numpy(self.slab)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        return self._client._contains(self.name, keys)[0]
+
+    def count_leading(self, keys: Sequence[bytes]) -> int:
+        return self._client._contains(self.name, keys)[1]
+
+
+class DaemonStore:
+    """A connection to ``kvstore serve`` at ``target`` (``unix:///path/kvstore.sock``, or
+    ``host:port`` for TCP with ``token``). ``namespace_id``: the namespace of calls that do not
+    carry one (lookup, contains, delete). ``timeout_s``: the deadline of each call;
+    ``prefetch_timeout_s`` of a prefetch. Raises DaemonUnavailable when the first connection
+    fails (a later outage only degrades, see the module docstring)."""
+
+    def __init__(self, target: str, namespace_id: bytes, *, token: str | None = None,
+                 timeout_s: float = 5.0, prefetch_timeout_s: float = 30.0,
+                 connect_timeout_s: float = 5.0, reconnect_interval_s: float = 0.5,
+                 max_message_bytes: int = 64 << 20, metrics: Metrics | None = None) -> None:
+        if not isinstance(namespace_id, bytes) or len(namespace_id) != 16:
+            raise InvalidArgument("namespace_id must be 16 bytes", hint="pass Namespace.id")
+        self.target = target[len("tcp://"):] if target.startswith("tcp://") else target
+        self.namespace_id = namespace_id
+        self.timeout_s, self.prefetch_timeout_s = timeout_s, prefetch_timeout_s
+        self.connect_timeout_s, self.reconnect_interval_s = connect_timeout_s, reconnect_interval_s
+        self._md = (("authorization", f"Bearer {token}"),) if token else ()
+        self._options = [("grpc.max_receive_message_length", max_message_bytes),
+                         ("grpc.max_send_message_length", max_message_bytes),
+                         # a restarted daemon is found within a second, not after grpc's
+                         # default backoff (up to two minutes)
+                         ("grpc.initial_reconnect_backoff_ms", 100),
+                         ("grpc.max_reconnect_backoff_ms", 1000)]
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._m_fail = self.metrics.counter(
+            "kvstore_daemon_client_failures", "Daemon calls that failed to reach it.", ["call"])
+        self.failures: Counter[str] = Counter()
+        self.owner = next(_owners)
+        self._lock = threading.Lock()
+        self._open: set[int] = set()  # handle ids issued and not yet completed/aborted
+        self._leases: set[int] = set()
+        self._bandwidth: dict[str, float] = {}
+        self._session_id = ""
+        self._connected = False
+        self._channel: grpc.Channel | None = None
+        self._stream: Any = None
+        self._slab: SharedSlab | None = None
+        self._reconnector: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvstore-daemon-client")
+        self._closed = False
+        info = self._connect()
+        self.layout = KVLayout(info.layout.num_layers, info.layout.num_kv_heads,
+                               info.layout.head_dim, info.layout.block_size, info.layout.dtype)
+        self.tiers: list[RemoteTier] = [RemoteTier(self, t) for t in info.tiers]
+        self._staging = info.staging_tier
+        self.write_policy: str = info.write_policy
+        self.lease_ttl_s: float = info.lease_ttl_s
+
+    # ----------------------------------------------------------------- connection
+
+    def _connect(self) -> Any:
+        """Open a channel and a session; map (or remap) the slab. Returns the handshake."""
+        channel = grpc.insecure_channel(self.target, options=self._options)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
+            stub = pb_grpc.KVStoreDaemonStub(channel)
+            stream = stub.OpenSession(pb.OpenSessionRequest(), metadata=self._md)
+            info = next(stream)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            raise DaemonUnavailable(f"no kvstore daemon answers at {self.target}") from None
+        except grpc.RpcError as err:
+            channel.close()
+            raise error_of(err) from None
+        except StopIteration:
+            channel.close()
+            raise DaemonUnavailable(f"the daemon at {self.target} ended the session") from None
+        try:
+            if self._slab is None:
+                self._slab = SharedSlab.attach(info.shm_name, info.shm_bytes)
+            elif info.shm_bytes != self._slab.nbytes or info.layout.page_bytes != self.layout.page_bytes:
+                raise DaemonUnavailable(
+                    f"the daemon came back with a {info.shm_bytes}-byte slab of "
+                    f"{info.layout.page_bytes}-byte pages; this client mapped {self._slab.nbytes}")
+            else:
+                self._slab.remap(info.shm_name)
+        except KVStoreError:
+            stream.cancel()
+            channel.close()
+            raise
+        self._slab_pages = info.slab_pages
+        self._page_bytes = info.layout.page_bytes
+        old = self._channel
+        self._channel, self._stub, self._stream = channel, stub, stream
+        self._session_id = info.session_id
+        self._connected = True
+        if old is not None:
+            old.close()
+        threading.Thread(target=self._watch_session, args=(stream,), daemon=True,
+                         name="kvstore-daemon-session").start()
+        return info
+
+    def _watch_session(self, stream: Any) -> None:
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError:
+            pass
+        if self._stream is stream:
+            self._lost()
+
+    def _ensure(self) -> Any:
+        """The stub of a live session; fails fast while the daemon is unreachable (the
+        reconnector thread, never the caller, waits for it)."""
+        if self._closed:
+            raise DaemonUnavailable("this DaemonStore was closed")
+        if not self._connected:
+            self._lost()
+            raise DaemonUnavailable(f"the kvstore daemon at {self.target} is unreachable")
+        return self._stub
+
+    def _call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            stub = self._ensure()
+            if "session_id" in request.DESCRIPTOR.fields_by_name:
+                request.session_id = self._session_id  # the session now (it may be a new one)
+            return getattr(stub, name)(request, timeout=timeout_s or self.timeout_s,
+                                       metadata=self._md)
+        except grpc.RpcError as err:
+            exc = error_of(err)
+            if isinstance(exc, DaemonUnavailable):
+                self._lost()
+            raise exc from None
+
+    def _lost(self) -> None:
+        with self._lock:
+            self._connected = False
+            if self._closed or (self._reconnector is not None and self._reconnector.is_alive()):
+                return
+            self._reconnector = threading.Thread(target=self._reconnect, daemon=True,
+                                                 name="kvstore-daemon-reconnect")
+            self._reconnector.start()
+
+    def _reconnect(self) -> None:
+        """Reconnector thread: every ``reconnect_interval_s``, once no handle is open (copies
+        must not straddle a remap), try to open a new session."""
+        while not self._closed and not self._connected:
+            time.sleep(self.reconnect_interval_s)
+            with self._lock:
+                if self._open:
+                    continue
+            try:
+                self._connect()
+            except KVStoreError as exc:
+                log.debug("reconnect to %s failed: %s", self.target, exc)
+                continue
+            log.info("reconnected to the kvstore daemon at %s", self.target)
+
+    def _failed(self, call: str) -> None:
+        self.failures[call] += 1
+        self._m_fail.labels(call).inc()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a live session (after an outage); True if there is one."""
+        deadline = time.monotonic() + timeout_s
+        while not self._connected and time.monotonic() < deadline:
+            if self._reconnector is None or not self._reconnector.is_alive():
+                self._lost()
+            time.sleep(0.02)
+        return self._connected
+
+    def _slab_view(self) -> np.ndarray:
+        assert self._slab is not None
+        return self._slab.array[: self._slab_pages * self._page_bytes].reshape(
+            self._slab_pages, self._page_bytes)
+
+    # ----------------------------------------------------------------- the store's surface
+
+    def staging_tier(self, name: str | None = None) -> RemoteTier:
+        tier = self.tier(name or self._staging)
+        if tier.name != self._staging:
+            raise InvalidArgument(f"tier {name!r} is not the daemon's staging tier",
+                                  hint=f"the daemon stages through {self._staging!r}")
+        return tier
+
+    def tier(self, name: str) -> RemoteTier:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise InvalidArgument(f"no tier named {name!r}",
+                              hint=f"tiers are {[t.name for t in self.tiers]}")
+
+    def read_bandwidth(self, tier_name: str) -> float | None:
+        self.tier(tier_name)
+        return self._bandwidth.get(tier_name) or None
+
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False) -> LookupResult:
+        """As :meth:`TieredStore.lookup`, under ``namespace_id``; a miss when the daemon is
+        down."""
+        keys = list(keys)
+        req = pb.LookupRequest(session_id=self._session_id, namespace_id=self.namespace_id,
+                               keys=keys, lease=lease)
+        try:
+            r = self._call("Lookup", req)
+        except DaemonUnavailable:
+            self._failed("lookup")
+            return LookupResult(0, ())
+        self._bandwidth = {b.tier: b.bytes_per_s for b in r.bandwidth}
+        granted = None
+        if r.lease_id:
+            granted = Lease(r.lease_id, tuple(keys[: r.num_blocks]),
+                            time.monotonic() + r.lease_ttl_s, self.owner)
+        return LookupResult(r.num_blocks, tuple(r.tiers), granted)
+
+    def release(self, lease: Lease) -> None:
+        try:
+            self._call("Release", pb.LeaseRequest(session_id=self._session_id,
+                                                  namespace_id=self.namespace_id, lease_id=lease.id))
+        except DaemonUnavailable:
+            self._failed("release")  # the daemon frees the session's leases itself
+
+    def narrow(self, lease: Lease, n: int) -> Lease:
+        req = pb.LeaseRequest(session_id=self._session_id, namespace_id=self.namespace_id,
+                              lease_id=lease.id, keep=n)
+        try:
+            r = self._call("Narrow", req)
+        except DaemonUnavailable:
+            self._failed("narrow")
+            raise LeaseError("daemon unreachable: the lease is gone with its session") from None
+        return Lease(r.lease_id, lease.keys[:n], time.monotonic() + r.lease_ttl_s, self.owner)
+
+    def _contains(self, tier: str, keys: Sequence[bytes]) -> tuple[list[bool], int]:
+        keys = list(keys)
+        if not keys:
+            return [], 0
+        try:
+            r = self._call("Contains", pb.ContainsRequest(namespace_id=self.namespace_id,
+                                                          tier=tier, keys=keys))
+        except DaemonUnavailable:
+            self._failed("contains")
+            return [False] * len(keys), 0
+        return list(r.present), r.leading
+
+    def prepare_load(self, namespace_id: bytes, keys: Sequence[bytes], *,
+                     lease: Lease | None = None, tier: str | None = None) -> LoadHandle:
+        keys = list(keys)
+        req = pb.PrepareLoadRequest(session_id=self._session_id, namespace_id=namespace_id,
+                                    keys=keys, lease_id=lease.id if lease else 0, tier=tier or "")
+        try:
+            r = self._call("PrepareLoad", req)
+        except DaemonUnavailable:
+            self._failed("prepare_load")
+            return LoadHandle(0, self.owner, self._staging, namespace_id, (), (), None,
+                              self._slab_view())
+        with self._lock:
+            self._open.add(r.handle_id)
+        n = len(r.slots)
+        return LoadHandle(r.handle_id, self.owner, self._staging, namespace_id, tuple(keys[:n]),
+                          tuple(r.slots), lease, self._slab_view())
+
+    def complete_load(self, handle: LoadHandle) -> int:
+        if not handle.id:
+            return 0
+        with self._lock:
+            self._open.discard(handle.id)
+        req = pb.HandleRequest(session_id=self._session_id, namespace_id=handle.namespace_id,
+                               handle_id=handle.id)
+        try:
+            return int(self._call("CompleteLoad", req).num_blocks)
+        except DaemonUnavailable:
+            # the copy ran against the old mapping, whose pinned pages nobody rewrote
+            self._failed("complete_load")
+            return handle.num_blocks
+
+    def prepare_store(self, metas: Sequence[BlockMeta], *, tier: str | None = None) -> StoreHandle:
+        metas = list(metas)
+        ns = {m.namespace_id for m in metas}
+        if len(ns) > 1:
+            raise InvalidArgument("one prepare_store call takes blocks of one namespace")
+        nsid = ns.pop() if ns else self.namespace_id
+        blocks = [pb.Block(key=m.key, parent=m.parent, token_ids=m.token_ids) for m in metas]
+        req = pb.PrepareStoreRequest(session_id=self._session_id, namespace_id=nsid,
+                                     blocks=blocks, tier=tier or "")
+        try:
+            r = self._call("PrepareStore", req)
+        except (DaemonUnavailable, QuotaExceeded) as exc:
+            self._failed("prepare_store" if isinstance(exc, DaemonUnavailable) else "quota")
+            return StoreHandle(0, self.owner, self._staging, (), (), 0, len(metas),
+                               self._slab_view())
+        with self._lock:
+            self._open.add(r.handle_id)
+        return StoreHandle(r.handle_id, self.owner, self._staging,
+                           tuple(metas[i] for i in r.block_index), tuple(r.slots), r.existing,
+                           r.refused, self._slab_view())
+
+    def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
+        if not handle.id:
+            return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
+        with self._lock:
+            self._open.discard(handle.id)
+        req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._ns_of(handle),
+                               handle_id=handle.id, ok=ok)
+        try:
+            r = self._call("CompleteStore", req)
+        except DaemonUnavailable:
+            self._failed("complete_store")
+            return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
+        return PutResult(r.stored, r.existing, r.refused)
+
+    def abort(self, handle: StoreHandle) -> None:
+        if not handle.id:
+            return
+        with self._lock:
+            self._open.discard(handle.id)
+        req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._ns_of(handle),
+                               handle_id=handle.id)
+        try:
+            self._call("Abort", req)
+        except DaemonUnavailable:
+            self._failed("abort")  # the daemon aborts the session's handles itself
+
+    def _ns_of(self, handle: StoreHandle) -> bytes:
+        return handle.metas[0].namespace_id if handle.metas else self.namespace_id
+
+    def prefetch(self, namespace_id: bytes, keys: Sequence[bytes], *,
+                 to: str | None = None) -> Future[int]:
+        """Copy ``keys`` into tier ``to`` in the daemon; the future yields how many leading
+        keys it holds when done (0 when the daemon is unreachable)."""
+        req = pb.PrefetchRequest(namespace_id=namespace_id, keys=list(keys), to=to or "")
+
+        def run() -> int:
+            try:
+                return int(self._call("Prefetch", req, self.prefetch_timeout_s).leading)
+            except DaemonUnavailable:
+                self._failed("prefetch")
+                return 0
+
+        return self._pool.submit(run)
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        r = self._call("Delete", pb.DeleteRequest(namespace_id=self.namespace_id, keys=list(keys)))
+        return int(r.deleted)
+
+    def stats(self, *, check_integrity: bool = False) -> DaemonStats:
+        r = self._call("Stats", pb.StatsRequest(check_integrity=check_integrity))
+        tiers = tuple(DaemonTierStats(t.name, t.kind, t.capacity_pages, t.used_pages,
+                                      t.free_pages, t.hits, t.misses, t.writes, t.evictions)
+                      for t in r.tiers)
+        return DaemonStats(tiers, r.lookup_hit_blocks, r.lookup_miss_blocks, r.active_leases,
+                           r.sessions, r.open_load_handles, r.open_store_handles,
+                           r.integrity_checked, r.integrity_error)
+
+    # ----------------------------------------------------------------- the byte path
+
+    def read_pages(self, keys: Sequence[bytes], out: np.ndarray) -> int:
+        """Read the pages of the leading ``keys`` held under ``namespace_id`` as bytes over the
+        wire (the cross-node path) into ``out`` (``(len(keys), page_bytes)`` uint8). Returns how
+        many leading pages arrived."""
+        stub = self._ensure()
+        req = pb.ReadPagesRequest(namespace_id=self.namespace_id, keys=list(keys))
+        n = 0
+        try:
+            for page in stub.ReadPages(req, timeout=self.prefetch_timeout_s, metadata=self._md):
+                out[page.index] = np.frombuffer(page.data, np.uint8)
+                n = page.index + 1
+        except grpc.RpcError as err:
+            raise error_of(err) from None
+        return n
+
+    def write_pages(self, metas: Sequence[BlockMeta], pages: np.ndarray) -> PutResult:
+        """Store pages sent as bytes over the wire (the cross-node path)."""
+        stub = self._ensure()
+
+        def messages() -> Iterator[Any]:
+            for i, m in enumerate(metas):
+                yield pb.WritePage(namespace_id=m.namespace_id if i == 0 else b"",
+                                   block=pb.Block(key=m.key, parent=m.parent, token_ids=m.token_ids),
+                                   data=pages[i].tobytes())
+
+        try:
+            r = stub.WritePages(messages(), timeout=self.prefetch_timeout_s, metadata=self._md)
+        except grpc.RpcError as err:
+            raise error_of(err) from None
+        return PutResult(r.stored, r.existing, r.refused)
+
+    def watch(self, namespace_id: bytes | None = None) -> Iterator[tuple[str, str, tuple[bytes, ...]]]:
+        """Cache events of a namespace as ``(kind, tier, keys)``, kind ``stored``/``removed``,
+        until the daemon stops (cancel by closing the generator)."""
+        stub = self._ensure()
+        call = stub.WatchEvents(pb.WatchRequest(namespace_id=namespace_id or self.namespace_id),
+                                metadata=self._md)
+        try:
+            for ev in call:
+                kind = "stored" if ev.kind == pb.CacheEvent.STORED else "removed"
+                yield kind, ev.tier, tuple(ev.keys)
+        except grpc.RpcError as err:
+            raise error_of(err) from None
+        finally:
+            call.cancel()
+
+    # ----------------------------------------------------------------- GPU, close
+
+    def register_for_dma(self) -> None:
+        """Page-lock the slab mapping for CUDA copies (cudaHostRegister); CUDA only, lazy.
+        Call before the worker registers a CUDA KV cache."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InvalidArgument("register_for_dma needs CUDA", hint="a CPU cache needs none")
+        assert self._slab is not None
+        rc = torch.cuda.cudart().cudaHostRegister(self._slab.address, self._slab.nbytes, 0)
+        if int(rc) != 0:
+            raise InvalidArgument(f"cudaHostRegister of the shared slab failed: {rc}")
+
+    def close(self) -> None:
+        """End the session (the daemon frees what it still holds) and unmap the slab: close
+        only after the worker using it was closed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        if self._stream is not None:
+            self._stream.cancel()
+        if self._channel is not None:
+            self._channel.close()
+        if self._slab is not None:
+            self._slab.close()
+
+    def __enter__(self) -> DaemonStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["DaemonStats", "DaemonStore", "DaemonTierStats", "RemoteTier"]

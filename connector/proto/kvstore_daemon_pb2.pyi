@@ -1,0 +1,354 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Layout(_message.Message):
+    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "block_size", "dtype", "page_bytes")
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+    page_bytes: int
+    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., page_bytes: _Optional[int] = ...) -> None: ...
+
+class TierInfo(_message.Message):
+    __slots__ = ("name", "kind", "capacity_pages")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    capacity_pages: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., capacity_pages: _Optional[int] = ...) -> None: ...
+
+class Block(_message.Message):
+    __slots__ = ("key", "parent", "token_ids")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    parent: bytes
+    token_ids: bytes
+    def __init__(self, key: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., token_ids: _Optional[bytes] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "layout", "shm_name", "shm_bytes", "slab_pages", "staging_tier", "tiers", "write_policy", "lease_ttl_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLAB_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STAGING_TIER_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    layout: Layout
+    shm_name: str
+    shm_bytes: int
+    slab_pages: int
+    staging_tier: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
+    write_policy: str
+    lease_ttl_s: float
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_name: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("session_id", "namespace_id", "keys", "lease")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    lease: bool
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ...) -> None: ...
+
+class TierBandwidth(_message.Message):
+    __slots__ = ("tier", "bytes_per_s")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    bytes_per_s: float
+    def __init__(self, tier: _Optional[str] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
+
+class LookupReply(_message.Message):
+    __slots__ = ("num_blocks", "tiers", "lease_id", "lease_ttl_s", "bandwidth")
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    num_blocks: int
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    lease_id: int
+    lease_ttl_s: float
+    bandwidth: _containers.RepeatedCompositeFieldContainer[TierBandwidth]
+    def __init__(self, num_blocks: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("session_id", "namespace_id", "lease_id", "keep")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    namespace_id: bytes
+    lease_id: int
+    keep: int
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., lease_id: _Optional[int] = ..., keep: _Optional[int] = ...) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("lease_id", "lease_ttl_s")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    lease_ttl_s: float
+    def __init__(self, lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+
+class ContainsRequest(_message.Message):
+    __slots__ = ("namespace_id", "tier", "keys")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    tier: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., tier: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ContainsReply(_message.Message):
+    __slots__ = ("present", "leading")
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
+    present: _containers.RepeatedScalarFieldContainer[bool]
+    leading: int
+    def __init__(self, present: _Optional[_Iterable[bool]] = ..., leading: _Optional[int] = ...) -> None: ...
+
+class PrepareLoadRequest(_message.Message):
+    __slots__ = ("session_id", "namespace_id", "keys", "lease_id", "tier")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    lease_id: int
+    tier: str
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class PrepareLoadReply(_message.Message):
+    __slots__ = ("handle_id", "slots")
+    HANDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    handle_id: int
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle_id: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PrepareStoreRequest(_message.Message):
+    __slots__ = ("session_id", "namespace_id", "blocks", "tier")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    namespace_id: bytes
+    blocks: _containers.RepeatedCompositeFieldContainer[Block]
+    tier: str
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class PrepareStoreReply(_message.Message):
+    __slots__ = ("handle_id", "block_index", "slots", "existing", "refused")
+    HANDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    handle_id: int
+    block_index: _containers.RepeatedScalarFieldContainer[int]
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    existing: int
+    refused: int
+    def __init__(self, handle_id: _Optional[int] = ..., block_index: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., existing: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
+
+class HandleRequest(_message.Message):
+    __slots__ = ("session_id", "namespace_id", "handle_id", "ok")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    namespace_id: bytes
+    handle_id: int
+    ok: bool
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., handle_id: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
+
+class CompleteLoadReply(_message.Message):
+    __slots__ = ("num_blocks",)
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    num_blocks: int
+    def __init__(self, num_blocks: _Optional[int] = ...) -> None: ...
+
+class PutReply(_message.Message):
+    __slots__ = ("stored", "existing", "refused")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    existing: int
+    refused: int
+    def __init__(self, stored: _Optional[int] = ..., existing: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PrefetchRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys", "to")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    to: str
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., to: _Optional[str] = ...) -> None: ...
+
+class PrefetchReply(_message.Message):
+    __slots__ = ("leading",)
+    LEADING_FIELD_NUMBER: _ClassVar[int]
+    leading: int
+    def __init__(self, leading: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class DeleteReply(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("check_integrity",)
+    CHECK_INTEGRITY_FIELD_NUMBER: _ClassVar[int]
+    check_integrity: bool
+    def __init__(self, check_integrity: _Optional[bool] = ...) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("name", "kind", "capacity_pages", "used_pages", "hits", "misses", "writes", "evictions", "free_pages")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    USED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    capacity_pages: int
+    used_pages: int
+    hits: int
+    misses: int
+    writes: int
+    evictions: int
+    free_pages: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., writes: _Optional[int] = ..., evictions: _Optional[int] = ..., free_pages: _Optional[int] = ...) -> None: ...
+
+class StatsReply(_message.Message):
+    __slots__ = ("tiers", "lookup_hit_blocks", "lookup_miss_blocks", "active_leases", "sessions", "open_load_handles", "open_store_handles", "integrity_checked", "integrity_error")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_MISS_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_LOAD_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_STORE_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_ERROR_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    lookup_hit_blocks: int
+    lookup_miss_blocks: int
+    active_leases: int
+    sessions: int
+    open_load_handles: int
+    open_store_handles: int
+    integrity_checked: bool
+    integrity_error: str
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookup_hit_blocks: _Optional[int] = ..., lookup_miss_blocks: _Optional[int] = ..., active_leases: _Optional[int] = ..., sessions: _Optional[int] = ..., open_load_handles: _Optional[int] = ..., open_store_handles: _Optional[int] = ..., integrity_checked: _Optional[bool] = ..., integrity_error: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("namespace_id",)
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class CacheEvent(_message.Message):
+    __slots__ = ("kind", "tier", "keys", "dropped_before")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STORED: _ClassVar[CacheEvent.Kind]
+        REMOVED: _ClassVar[CacheEvent.Kind]
+    STORED: CacheEvent.Kind
+    REMOVED: CacheEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    kind: CacheEvent.Kind
+    tier: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    dropped_before: int
+    def __init__(self, kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., dropped_before: _Optional[int] = ...) -> None: ...
+
+class ReadPagesRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Page(_message.Message):
+    __slots__ = ("index", "tier", "data")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    tier: str
+    data: bytes
+    def __init__(self, index: _Optional[int] = ..., tier: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WritePage(_message.Message):
+    __slots__ = ("namespace_id", "block", "data")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    block: Block
+    data: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...

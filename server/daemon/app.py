@@ -1,0 +1,198 @@
+"""``kvstore serve``: build the store on a shared-memory host slab, listen, drain on a signal.
+
+Start: the configured tiers (or the embedded default: a host tier over a disk tier in the data
+directory), the host tier's slab in ``/dev/shm`` (0600), a gRPC server on a Unix socket (0600)
+and, when configured, one on TCP that needs the bearer token. One log line per listener.
+
+Stop (SIGTERM/SIGINT): health goes NOT_SERVING, session streams end (each client's handles are
+completed or aborted), in-flight calls get ``drain_timeout_s`` to finish, then the store closes
+(the disk tier's index is closed cleanly, so the next start is warm), the segment and the socket
+are removed, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from connector.daemon import shm
+from connector.proto import kvstore_daemon_pb2 as pb
+from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
+from kvstore.build import build_store
+from kvstore.config import KVStoreConfig, load_config
+from kvstore.errors import ConfigError
+from server.daemon.service import DaemonService, Limits
+from server.daemon.servicer import Servicer, TokenAuth
+
+log = logging.getLogger("kvstore.daemon")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStoreDaemon"].full_name
+
+
+def data_dir(cfg: KVStoreConfig) -> Path:
+    if cfg.daemon.data_dir is not None:
+        return cfg.daemon.data_dir
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return Path(xdg, "kvstore") if xdg else Path("kvstore-data")
+
+
+def default_overrides(directory: Path) -> dict[str, Any]:
+    """The embedded default: a 512 MiB host tier over a 4 GiB disk tier in ``directory``,
+    write-through (what the daemon saves survives its restart)."""
+    return {
+        "store": {"write_policy": "write_through"},
+        "tiers": [
+            {"kind": "host", "capacity": "512MiB"},
+            {"kind": "disk", "path": str(directory / "disk"), "capacity": "4GiB",
+             "preallocate": False},
+        ],
+    }
+
+
+def load_serve_config(path: Path | None) -> KVStoreConfig:
+    if path is not None:
+        return load_config(path)
+    cfg = load_config()
+    return load_config(overrides=default_overrides(data_dir(cfg)))
+
+
+@dataclass
+class Daemon:
+    """A running daemon; :meth:`stop` drains and closes it."""
+
+    cfg: KVStoreConfig
+    service: DaemonService
+    servers: list[grpc.Server]
+    health: health.HealthServicer
+    slab: shm.SharedSlab
+    socket_path: Path
+    stopping: threading.Event
+
+    def stop(self) -> None:
+        self.health.enter_graceful_shutdown()
+        self.stopping.set()
+        self.service.close()  # sessions end: handles completed/aborted, streams return
+        grace = self.cfg.daemon.drain_timeout_s
+        for ev in [s.stop(grace) for s in self.servers]:
+            ev.wait(grace + 1)
+        self.service.store.close()
+        self.slab.unlink()
+        self.socket_path.unlink(missing_ok=True)
+        log.info("stopped")
+
+
+def start(cfg: KVStoreConfig) -> Daemon:
+    dcfg = cfg.daemon
+    host = next((t for t in cfg.tiers if t.kind == "host"), None)
+    if host is None:
+        raise ConfigError("the daemon needs a host tier: it is the shared-memory slab clients map",
+                          hint="add a tier of kind 'host' to tiers")
+    root = data_dir(cfg)
+    sock = (dcfg.socket or root / "kvstore.sock").absolute()
+    sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _claim_socket(sock)
+    layout = cfg.layout.build()
+    pages = int(host.capacity) // layout.page_bytes
+    for name in shm.remove_stale():
+        log.info("removed shared memory %s left by a daemon that died", name)
+    slab = shm.SharedSlab.create(shm.new_name(), pages * layout.page_bytes)
+    try:
+        store = build_store(cfg, tier_kwargs={host.name: {"slab": slab.array}})
+    except BaseException:
+        slab.unlink()
+        raise
+    try:
+        return _serve_store(cfg, store, slab, sock, pages, host.name)
+    except BaseException:
+        store.close()
+        slab.unlink()
+        raise
+
+
+def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Path, pages: int,
+                 host_name: str) -> Daemon:
+    dcfg, layout = cfg.daemon, store.layout
+    quota = None if dcfg.namespace_quota is None else int(dcfg.namespace_quota) // layout.page_bytes
+    service = DaemonService(store, slab.name, slab.nbytes, limits=Limits(
+        dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota))
+    stopping = threading.Event()
+    servicer = Servicer(service, stopping)
+    hs = health.HealthServicer()
+    options = [("grpc.max_receive_message_length", int(dcfg.max_message_bytes)),
+               ("grpc.max_send_message_length", int(dcfg.max_message_bytes)),
+               ("grpc.so_reuseport", 0)]
+
+    def server(interceptors: tuple[grpc.ServerInterceptor, ...] = ()) -> grpc.Server:
+        s = grpc.server(ThreadPoolExecutor(dcfg.workers, thread_name_prefix="kvstore-rpc"),
+                        interceptors=interceptors, options=options,
+                        maximum_concurrent_rpcs=dcfg.workers * 4)
+        pb_grpc.add_KVStoreDaemonServicer_to_server(servicer, s)
+        health_pb2_grpc.add_HealthServicer_to_server(hs, s)
+        return s
+
+    servers = []
+    old = os.umask(0o177)  # the socket file is created 0600
+    try:
+        uds = server()
+        uds.add_insecure_port(f"unix://{sock}")
+        uds.start()
+    finally:
+        os.umask(old)
+    os.chmod(sock, 0o600)
+    servers.append(uds)
+    log.info("listening on unix://%s (mode 0600)", sock)
+    if dcfg.tcp is not None:
+        assert dcfg.token is not None  # the config requires it
+        tcp = server((TokenAuth(dcfg.token.get_secret_value()),))
+        port = tcp.add_insecure_port(dcfg.tcp)
+        tcp.start()
+        servers.append(tcp)
+        log.info("listening on tcp %s (port %d, bearer token required)", dcfg.tcp, port)
+    for name in ("", SERVICE_NAME):
+        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("shared memory /dev/shm/%s: %d pages of %d bytes in tier %r", slab.name, pages,
+             layout.page_bytes, host_name)
+    return Daemon(cfg, service, servers, hs, slab, sock, stopping)
+
+
+def _claim_socket(path: Path) -> None:
+    """Remove a socket file left by a daemon that died; refuse to start beside a live one."""
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"another daemon is listening on {path}",
+                      hint="stop it, or set daemon.socket to another path")
+
+
+def serve(cfg: KVStoreConfig, *, ready: Callable[[Daemon], None] | None = None) -> int:
+    """Run until SIGTERM or SIGINT; returns the exit status (0 after a clean drain)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    daemon = start(cfg)
+    if ready is not None:
+        ready(daemon)
+    stop.wait()
+    log.info("signal received: draining")
+    daemon.stop()
+    return 0
+
+
+__all__ = ["Daemon", "default_overrides", "load_serve_config", "serve", "start"]

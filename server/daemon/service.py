@@ -1,0 +1,423 @@
+"""The daemon's domain layer: one :class:`~kvstore.store.TieredStore` shared by many client
+sessions, with tenancy, quotas and per-session cleanup. No gRPC here (the servicer translates).
+
+Sessions. A client opens one long-lived session (the servicer ties it to a server stream).
+Every load handle, store handle and lease the client obtains is recorded in its session; when
+the session closes -- the client closed it, or died and its stream broke -- the daemon
+completes its load handles (unpins), aborts its store handles (frees the reserved slots
+unpublished) and releases its leases, so a dead client leaks no slot. The store's handles never
+time-expire by themselves (see :meth:`TieredStore.prepare_store`).
+
+Tenancy. Every call names its namespace (``Namespace.id``, 16 bytes):
+
+* a handle or lease is usable only by the session that got it (another session: NOT_FOUND, as
+  if it did not exist) and only under the namespace it was made for (InvalidArgument);
+* a page is loaded only under the namespace it was stored under (the staging tier checks);
+* a stored block must chain from its namespace: its parent is the namespace seed, an earlier
+  block of the same call, or a block held (or being written) under the same namespace. A parent
+  held under *another* namespace is an error; a parent unknown everywhere (evicted) makes the
+  block refused -- so no tenant can plant pages under another tenant's keys;
+* a delete of a key held under another namespace is an error and deletes nothing;
+* ``namespace_quota``: the staging-tier pages one namespace may hold (stored plus reserved);
+  a store beyond it raises QuotaExceeded.
+
+Thread-safety: every method may be called from many threads; the session table and each
+session's records are guarded by one lock, never held during store I/O.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+
+from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
+from kvstore.keys import KEY_BYTES, BlockMeta
+from kvstore.results import Lease, LookupResult, PutResult, StoreStats
+from kvstore.staging import LoadHandle, StoreHandle
+from kvstore.store import TieredStore
+from kvstore.tiers.base import Tier, check_keys
+from server.daemon.events import CacheEvent, EventHub
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_keys_per_call: int = 1 << 16
+    max_handles_per_session: int = 4096
+    max_sessions: int = 256
+    namespace_quota_pages: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """The handshake: what a client needs to map the slab and check its layout."""
+
+    session_id: str
+    shm_name: str
+    shm_bytes: int
+    staging_tier: str
+    lease_ttl_s: float
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    loads: dict[int, tuple[bytes, LoadHandle]] = field(default_factory=dict)
+    stores: dict[int, tuple[bytes, StoreHandle]] = field(default_factory=dict)
+    leases: dict[int, tuple[bytes, Lease]] = field(default_factory=dict)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def num_records(self) -> int:
+        return len(self.loads) + len(self.stores) + len(self.leases)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStats:
+    store: StoreStats
+    free_pages: dict[str, int]
+    sessions: int
+    open_loads: int
+    open_stores: int
+    integrity_checked: bool
+    integrity_error: str
+
+
+class DaemonService:
+    def __init__(self, store: TieredStore, shm_name: str, shm_bytes: int, *,
+                 limits: Limits = Limits(), events: EventHub | None = None) -> None:
+        self.store = store
+        self.staging = cast(Tier, store.staging_tier())
+        self.shm_name, self.shm_bytes = shm_name, shm_bytes
+        self.limits = limits
+        self.events = events or EventHub()
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._closing = False
+
+    # ----------------------------------------------------------------- sessions
+
+    def open_session(self) -> tuple[Session, SessionInfo]:
+        with self._lock:
+            if self._closing:
+                raise KVStoreError("the daemon is shutting down", hint="reconnect once it is back")
+            if len(self._sessions) >= self.limits.max_sessions:
+                raise QuotaExceeded(f"{len(self._sessions)} sessions are open, the limit",
+                                    hint="raise daemon.max_sessions")
+            s = Session(secrets.token_hex(16))
+            self._sessions[s.id] = s
+        info = SessionInfo(s.id, self.shm_name, self.shm_bytes, self.staging.name,
+                           self.store.lease_ttl_s)
+        return s, info
+
+    def close_session(self, session_id: str) -> None:
+        """End a session: complete its loads, abort its stores, release its leases. Idempotent."""
+        with self._lock:
+            s = self._sessions.pop(session_id, None)
+        if s is None:
+            return
+        with self._lock:
+            loads, stores, leases = list(s.loads.values()), list(s.stores.values()), list(s.leases.values())
+            s.loads.clear(), s.stores.clear(), s.leases.clear()
+        for _, h in loads:
+            _quietly(self.store.complete_load, h)
+        for _, sh in stores:
+            _quietly(self.store.abort, sh)
+        for _, lease in leases:
+            _quietly(self.store.release, lease)
+        s.ended.set()
+
+    def _session(self, session_id: str) -> Session:
+        with self._lock:
+            s = self._sessions.get(session_id)
+        if s is None:
+            raise LeaseError(f"session {session_id[:8]!r} is unknown or closed",
+                             hint="open a session (OpenSession) and keep its stream open")
+        return s
+
+    def _record(self, s: Session, table: dict, rid: int, ns: bytes, obj: object) -> None:
+        with self._lock:
+            if s.id not in self._sessions:  # closed meanwhile: undo right away
+                raise LeaseError(f"session {s.id[:8]!r} closed during the call")
+            table[rid] = (ns, obj)
+
+    def _check_room(self, s: Session) -> None:
+        if s.num_records >= self.limits.max_handles_per_session:
+            raise QuotaExceeded(
+                f"session holds {s.num_records} handles and leases, the limit",
+                hint="complete or abort handles; or raise daemon.max_handles_per_session")
+
+    def _take(self, s: Session, table: dict, rid: int, ns: bytes, kind: str) -> object:
+        with self._lock:
+            entry = table.get(rid)
+            if entry is None:
+                raise LeaseError(f"{kind} {rid} is unknown, completed, or not this session's")
+            if entry[0] != ns:
+                raise InvalidArgument(f"{kind} {rid} belongs to another namespace",
+                                      hint="name the namespace the handle was made for")
+            del table[rid]
+        return entry[1]
+
+    # ----------------------------------------------------------------- checks
+
+    def _keys(self, ns: bytes, keys: Sequence[bytes]) -> list[bytes]:
+        check_namespace(ns)
+        keys = list(keys)
+        if len(keys) > self.limits.max_keys_per_call:
+            raise InvalidArgument(f"{len(keys)} keys in one call; the limit is "
+                                  f"{self.limits.max_keys_per_call}", hint="split the call")
+        check_keys(keys)
+        return keys
+
+    def _holder(self, key: bytes) -> bytes | None:
+        """The namespace a local tier holds ``key`` under, or None."""
+        for t in self.store.tiers:
+            if t.shared:
+                continue
+            meta = t.meta(key)
+            if meta is not None:
+                return meta.namespace_id
+        return None
+
+    def _writing_under(self, ns: bytes) -> set[bytes]:
+        with self._lock:
+            return {m.key for s in self._sessions.values() for n, h in s.stores.values()
+                    if n == ns for m in h.metas}
+
+    def _chained(self, ns: bytes, metas: list[BlockMeta]) -> tuple[list[BlockMeta], int]:
+        """The blocks of ``metas`` that chain from ``ns`` (see the module docstring), and how
+        many were dropped for an unknown parent. Raises InvalidArgument for a block whose key
+        or parent another namespace holds."""
+        ok, seen, dropped = [], {ns}, 0
+        writing: set[bytes] | None = None
+        for m in metas:
+            holder = self._holder(m.key)
+            if holder is not None and holder != ns:
+                raise InvalidArgument(f"block {m.key.hex()} is held under another namespace")
+            if m.parent not in seen:
+                holder = self._holder(m.parent)
+                if holder is not None and holder != ns:
+                    raise InvalidArgument(
+                        f"block {m.key.hex()} chains from a block of another namespace")
+                if holder is None:
+                    writing = self._writing_under(ns) if writing is None else writing
+                    if m.parent not in writing:
+                        dropped += 1
+                        continue
+            seen.add(m.key)
+            ok.append(m)
+        return ok, dropped
+
+    def _check_quota(self, ns: bytes, metas: list[BlockMeta]) -> None:
+        quota = self.limits.namespace_quota_pages
+        if quota is None:
+            return
+        t = self.staging
+        held = sum(1 for k in list(t.keys()) if (m := t.meta(k)) is not None and m.namespace_id == ns)
+        held += len(self._writing_under(ns))
+        present = t.contains([m.key for m in metas]) if metas else []
+        new = sum(1 for p in present if not p)
+        if held + new > quota:
+            raise QuotaExceeded(
+                f"namespace {ns.hex()[:16]} holds {held} of its {quota} pages; {new} more asked",
+                hint="raise daemon.namespace_quota, or delete pages of this namespace")
+
+    # ----------------------------------------------------------------- lookup and leases
+
+    def lookup(self, session_id: str, ns: bytes, keys: Sequence[bytes], lease: bool) -> LookupResult:
+        keys = self._keys(ns, keys)
+        s = self._session(session_id) if lease else None
+        if s is not None:
+            self._check_room(s)
+        found = self.store.lookup(keys, lease=lease)
+        if s is not None and found.lease is not None:
+            try:
+                self._record(s, s.leases, found.lease.id, ns, found.lease)
+            except LeaseError:
+                _quietly(self.store.release, found.lease)
+                raise
+        return found
+
+    def release(self, session_id: str, ns: bytes, lease_id: int) -> None:
+        s = self._session(session_id)
+        lease = cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
+        self.store.release(lease)
+
+    def narrow(self, session_id: str, ns: bytes, lease_id: int, keep: int) -> Lease:
+        s = self._session(session_id)
+        lease = cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
+        try:
+            narrowed = self.store.narrow(lease, keep)
+        except BaseException:
+            _quietly(self.store.release, lease)
+            raise
+        self._record(s, s.leases, narrowed.id, ns, narrowed)
+        return narrowed
+
+    def contains(self, ns: bytes, tier: str, keys: Sequence[bytes]) -> list[bool]:
+        keys = self._keys(ns, keys)
+        return self.store.tier(tier).contains(keys) if keys else []
+
+    # ----------------------------------------------------------------- loads
+
+    def prepare_load(self, session_id: str, ns: bytes, keys: Sequence[bytes], lease_id: int,
+                     tier: str | None) -> LoadHandle:
+        keys = self._keys(ns, keys)
+        s = self._session(session_id)
+        self._check_room(s)
+        lease = None
+        if lease_id:
+            lease = cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
+        try:
+            handle = self.store.prepare_load(ns, keys, lease=lease, tier=tier)
+        except BaseException:
+            if lease is not None:
+                _quietly(self.store.release, lease)
+            raise
+        try:
+            self._record(s, s.loads, handle.id, ns, handle)
+        except LeaseError:
+            _quietly(self.store.complete_load, handle)
+            raise
+        return handle
+
+    def complete_load(self, session_id: str, ns: bytes, handle_id: int) -> int:
+        s = self._session(session_id)
+        handle = cast(LoadHandle, self._take(s, s.loads, handle_id, ns, "load handle"))
+        return self.store.complete_load(handle)
+
+    # ----------------------------------------------------------------- stores
+
+    def prepare_store(self, session_id: str, ns: bytes, metas: Sequence[BlockMeta],
+                      tier: str | None) -> tuple[StoreHandle, int]:
+        """Reserve slots for the blocks of ``metas`` that chain from ``ns``. Returns the handle
+        and how many blocks were dropped for an unknown parent (refused too)."""
+        check_namespace(ns)
+        metas = list(metas)
+        self._keys(ns, [m.key for m in metas])
+        s = self._session(session_id)
+        self._check_room(s)
+        ok, dropped = self._chained(ns, metas)
+        self._check_quota(ns, ok)
+        handle = self.store.prepare_store(ok, tier=tier)
+        try:
+            self._record(s, s.stores, handle.id, ns, handle)
+        except LeaseError:
+            _quietly(self.store.abort, handle)
+            raise
+        return handle, dropped
+
+    def complete_store(self, session_id: str, ns: bytes, handle_id: int, ok: bool) -> PutResult:
+        s = self._session(session_id)
+        handle = cast(StoreHandle, self._take(s, s.stores, handle_id, ns, "store handle"))
+        res = self.store.complete_store(handle, ok)
+        if ok:
+            self.events.publish(CacheEvent(ns, "stored", handle.tier, tuple(m.key for m in handle.metas)))
+        return res
+
+    def abort(self, session_id: str, ns: bytes, handle_id: int) -> None:
+        s = self._session(session_id)
+        handle = cast(StoreHandle, self._take(s, s.stores, handle_id, ns, "store handle"))
+        self.store.abort(handle)
+
+    # ----------------------------------------------------------------- prefetch, delete, stats
+
+    def prefetch(self, ns: bytes, keys: Sequence[bytes], to: str | None, timeout_s: float | None) -> int:
+        """Copy ``keys`` into tier ``to`` (default the fastest) and wait up to ``timeout_s``
+        for it; returns how many leading keys it holds then."""
+        keys = self._keys(ns, keys)
+        fut = self.store.prefetch(ns, keys, to=to)
+        try:
+            return fut.result(timeout=timeout_s)
+        except FutureTimeout:
+            return self.store.tier(to or self.store.tiers[0].name).count_leading(keys)
+
+    def delete(self, ns: bytes, keys: Sequence[bytes]) -> int:
+        keys = self._keys(ns, keys)
+        for k in keys:
+            holder = self._holder(k)
+            if holder is not None and holder != ns:
+                raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
+                                      "nothing was deleted")
+        n = self.store.delete(keys)
+        for t in self.store.tiers:
+            self.events.publish(CacheEvent(ns, "removed", t.name, tuple(keys)))
+        return n
+
+    def stats(self, check_integrity: bool = False) -> DaemonStats:
+        error = ""
+        if check_integrity:
+            try:
+                self.store.check_integrity()
+            except AssertionError as exc:
+                error = str(exc) or "assertion failed"
+        with self._lock:
+            sessions = list(self._sessions.values())
+            loads = sum(len(s.loads) for s in sessions)
+            stores = sum(len(s.stores) for s in sessions)
+        return DaemonStats(self.store.stats(), {t.name: t.free_pages for t in self.store.tiers},
+                           len(sessions), loads, stores, check_integrity, error)
+
+    # ----------------------------------------------------------------- the byte path
+
+    def read_pages(self, ns: bytes, keys: Sequence[bytes]) -> Iterator[tuple[int, str, np.ndarray]]:
+        """Pages of the leading ``keys`` held under ``ns`` (any tier), in order, as page-sized
+        arrays; stops at the first miss. Reads in batches of 16 pages."""
+        keys = self._keys(ns, keys)
+        page = self.store.layout.page_bytes
+        step = 16
+        for i in range(0, len(keys), step):
+            part = keys[i : i + step]
+            out = np.empty((len(part), page), np.uint8)
+            got = self.store.get(ns, part, out)
+            for j, tier in enumerate(got.tiers):
+                if tier is None:
+                    return
+                yield i + j, tier, out[j]
+
+    def write_pages(self, ns: bytes, metas: Sequence[BlockMeta], pages: np.ndarray) -> PutResult:
+        """Store pages sent over the wire into the fastest tier (the byte path's save)."""
+        check_namespace(ns)
+        metas = list(metas)
+        self._keys(ns, [m.key for m in metas])
+        ok, dropped = self._chained(ns, metas)
+        self._check_quota(ns, ok)
+        keep = {m.key for m in ok}
+        rows = [i for i, m in enumerate(metas) if m.key in keep]
+        res = self.store.put(ok, pages[rows] if rows else pages[:0])
+        self.events.publish(CacheEvent(ns, "stored", self.store.tiers[0].name, tuple(m.key for m in ok)))
+        return PutResult(res.stored, res.existing, res.refused + dropped)
+
+    # ----------------------------------------------------------------- shutdown
+
+    def close(self) -> None:
+        """End every session (their handles are completed or aborted), then refuse new ones."""
+        with self._lock:
+            self._closing = True
+            ids = list(self._sessions)
+        for sid in ids:
+            self.close_session(sid)
+        self.events.close()
+
+
+def check_namespace(ns: object) -> bytes:
+    if not isinstance(ns, bytes) or len(ns) != KEY_BYTES:
+        raise InvalidArgument(
+            f"namespace id must be {KEY_BYTES} bytes, got {len(ns) if isinstance(ns, bytes) else ns!r}",
+            hint="send Namespace.id")
+    return ns
+
+
+def _quietly(fn, *args) -> None:  # noqa: ANN001
+    try:
+        fn(*args)
+    except KVStoreError:
+        pass  # expired, already completed, or the store closed: nothing left to free
+
+
+__all__ = ["DaemonService", "DaemonStats", "Limits", "Session", "SessionInfo", "check_namespace"]

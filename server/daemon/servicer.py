@@ -1,0 +1,260 @@
+"""gRPC <-> domain: each method turns a request into a :class:`DaemonService` call and its
+result into a reply; every kvstore error becomes a status through the one mapping in
+:mod:`connector.daemon.errors`. No storage logic here."""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from connector.daemon.errors import message_of, status_of
+from connector.proto import kvstore_daemon_pb2 as pb
+from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
+from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.keys import BlockMeta
+from server.daemon.service import DaemonService, check_namespace
+
+log = logging.getLogger("kvstore.daemon")
+F = TypeVar("F", bound=Callable[..., Any])
+#: the longest a server stream waits between checks that its client is still there
+_POLL_S = 0.5
+
+
+def _unary(fn: F) -> F:
+    """Answer a kvstore error with its status; an unexpected error with INTERNAL (logged)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Servicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except KVStoreError as exc:
+            context.abort(status_of(exc), message_of(exc))
+        except Exception as exc:  # noqa: BLE001 - the daemon keeps serving
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, message_of(exc))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _metas(ns: bytes, blocks: Any) -> list[BlockMeta]:
+    return [BlockMeta(ns, b.key, b.parent, b.token_ids) for b in blocks]
+
+
+def _tier(name: str) -> str | None:
+    return name or None
+
+
+class Servicer(pb_grpc.KVStoreDaemonServicer):
+    def __init__(self, service: DaemonService, stopping: threading.Event) -> None:
+        self.service = service
+        self.stopping = stopping
+        layout = service.store.layout
+        self._layout = pb.Layout(
+            num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
+            head_dim=layout.head_dim, block_size=layout.block_size, dtype=layout.dtype,
+            page_bytes=layout.page_bytes)
+        self._tiers = [pb.TierInfo(name=t.name, kind=t.kind, capacity_pages=t.capacity_pages)
+                       for t in service.store.tiers]
+
+    # ----------------------------------------------------------------- session
+
+    def OpenSession(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            session, info = self.service.open_session()
+        except KVStoreError as exc:
+            context.abort(status_of(exc), message_of(exc))
+        # a broken stream (client gone) or a cancel ends the session and frees what it held
+        context.add_callback(lambda: self.service.close_session(session.id))
+        store = self.service.store
+        yield pb.SessionInfo(
+            session_id=info.session_id, layout=self._layout, shm_name=info.shm_name,
+            shm_bytes=info.shm_bytes, slab_pages=self.service.staging.capacity_pages,
+            staging_tier=info.staging_tier, tiers=self._tiers, write_policy=store.write_policy,
+            lease_ttl_s=info.lease_ttl_s)
+        while context.is_active() and not self.stopping.is_set() and not session.ended.is_set():
+            session.ended.wait(_POLL_S)
+        self.service.close_session(session.id)
+
+    # ----------------------------------------------------------------- lookup, leases
+
+    @_unary
+    def Lookup(self, request: Any, context: grpc.ServicerContext) -> Any:
+        found = self.service.lookup(request.session_id, request.namespace_id, list(request.keys),
+                                    request.lease)
+        store = self.service.store
+        bw = [pb.TierBandwidth(tier=t.name, bytes_per_s=store.read_bandwidth(t.name) or 0.0)
+              for t in store.tiers]
+        lease = found.lease
+        return pb.LookupReply(num_blocks=found.num_blocks, tiers=found.tiers,
+                              lease_id=lease.id if lease else 0,
+                              lease_ttl_s=store.lease_ttl_s if lease else 0.0, bandwidth=bw)
+
+    @_unary
+    def Release(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.service.release(request.session_id, request.namespace_id, request.lease_id)
+        return pb.Empty()
+
+    @_unary
+    def Narrow(self, request: Any, context: grpc.ServicerContext) -> Any:
+        lease = self.service.narrow(request.session_id, request.namespace_id, request.lease_id,
+                                    request.keep)
+        return pb.LeaseReply(lease_id=lease.id, lease_ttl_s=self.service.store.lease_ttl_s)
+
+    @_unary
+    def Contains(self, request: Any, context: grpc.ServicerContext) -> Any:
+        present = self.service.contains(request.namespace_id, request.tier, list(request.keys))
+        leading = next((i for i, p in enumerate(present) if not p), len(present))
+        return pb.ContainsReply(present=present, leading=leading)
+
+    # ----------------------------------------------------------------- staging path
+
+    @_unary
+    def PrepareLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        h = self.service.prepare_load(request.session_id, request.namespace_id, list(request.keys),
+                                      request.lease_id, _tier(request.tier))
+        return pb.PrepareLoadReply(handle_id=h.id, slots=h.slots)
+
+    @_unary
+    def CompleteLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        n = self.service.complete_load(request.session_id, request.namespace_id, request.handle_id)
+        return pb.CompleteLoadReply(num_blocks=n)
+
+    @_unary
+    def PrepareStore(self, request: Any, context: grpc.ServicerContext) -> Any:
+        ns = check_namespace(request.namespace_id)
+        h, dropped = self.service.prepare_store(request.session_id, ns,
+                                                _metas(ns, request.blocks), _tier(request.tier))
+        index = {b.key: i for i, b in enumerate(request.blocks)}
+        return pb.PrepareStoreReply(handle_id=h.id, block_index=[index[m.key] for m in h.metas],
+                                    slots=h.slots, existing=h.existing,
+                                    refused=h.refused + dropped)
+
+    @_unary
+    def CompleteStore(self, request: Any, context: grpc.ServicerContext) -> Any:
+        r = self.service.complete_store(request.session_id, request.namespace_id,
+                                        request.handle_id, request.ok)
+        return pb.PutReply(stored=r.stored, existing=r.existing, refused=r.refused)
+
+    @_unary
+    def Abort(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.service.abort(request.session_id, request.namespace_id, request.handle_id)
+        return pb.Empty()
+
+    # ----------------------------------------------------------------- the rest
+
+    @_unary
+    def Prefetch(self, request: Any, context: grpc.ServicerContext) -> Any:
+        n = self.service.prefetch(request.namespace_id, list(request.keys), _tier(request.to),
+                                  context.time_remaining())
+        return pb.PrefetchReply(leading=n)
+
+    @_unary
+    def Delete(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.DeleteReply(deleted=self.service.delete(request.namespace_id, list(request.keys)))
+
+    @_unary
+    def Stats(self, request: Any, context: grpc.ServicerContext) -> Any:
+        st = self.service.stats(request.check_integrity)
+        tiers = [pb.TierStats(name=t.name, kind=t.kind, capacity_pages=t.capacity_pages,
+                              used_pages=t.used_pages, hits=t.hits, misses=t.misses,
+                              writes=t.writes, evictions=t.evictions,
+                              free_pages=st.free_pages.get(t.name, 0))
+                 for t in st.store.tiers]
+        return pb.StatsReply(
+            tiers=tiers, lookup_hit_blocks=st.store.lookup_hit_blocks,
+            lookup_miss_blocks=st.store.lookup_miss_blocks, active_leases=st.store.active_leases,
+            sessions=st.sessions, open_load_handles=st.open_loads,
+            open_store_handles=st.open_stores, integrity_checked=st.integrity_checked,
+            integrity_error=st.integrity_error)
+
+    def WatchEvents(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            ns = check_namespace(request.namespace_id)
+        except KVStoreError as exc:
+            context.abort(status_of(exc), message_of(exc))
+        hub = self.service.events
+        watcher = hub.watch(ns)
+        try:
+            while context.is_active() and not self.stopping.is_set() and not hub.closed:
+                ev = watcher.next(_POLL_S)
+                if ev is None:
+                    continue
+                kind = pb.CacheEvent.STORED if ev.kind == "stored" else pb.CacheEvent.REMOVED
+                dropped, watcher.dropped = watcher.dropped, 0
+                yield pb.CacheEvent(kind=kind, tier=ev.tier, keys=ev.keys, dropped_before=dropped)
+        finally:
+            hub.unwatch(watcher)
+
+    def ReadPages(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            for i, tier, page in self.service.read_pages(request.namespace_id, list(request.keys)):
+                yield pb.Page(index=i, tier=tier, data=page.tobytes())
+        except KVStoreError as exc:
+            context.abort(status_of(exc), message_of(exc))
+
+    @_unary
+    def WritePages(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
+        page_bytes = self.service.store.layout.page_bytes
+        ns = b""
+        metas: list[BlockMeta] = []
+        pages: list[bytes] = []
+        for msg in request_iterator:
+            ns = ns or check_namespace(msg.namespace_id)
+            if msg.namespace_id and msg.namespace_id != ns:
+                raise InvalidArgument("a WritePages stream names one namespace, in its first message")
+            if len(msg.data) != page_bytes:
+                raise InvalidArgument(f"page of block {msg.block.key.hex()} has {len(msg.data)} "
+                                      f"bytes; the layout's page is {page_bytes}")
+            metas.append(BlockMeta(ns, msg.block.key, msg.block.parent, msg.block.token_ids))
+            pages.append(msg.data)
+        if not metas:
+            return pb.PutReply()
+        arr = np.frombuffer(b"".join(pages), np.uint8).reshape(len(pages), page_bytes)
+        r = self.service.write_pages(ns, metas, arr)
+        return pb.PutReply(stored=r.stored, existing=r.existing, refused=r.refused)
+
+
+class TokenAuth(grpc.ServerInterceptor):
+    """Every call but health checks needs ``authorization: Bearer <token>`` (compared in
+    constant time). The token is never logged."""
+
+    OPEN = ("/grpc.health.v1.Health/",)
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token (send 'authorization: Bearer <token>')")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.stream_unary_rpc_method_handler(deny)
+        self._deny_server_stream = grpc.unary_stream_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        if details.method.startswith(self.OPEN):
+            return continuation(details)
+        sent = b""
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                sent = value[len("Bearer "):].encode()
+        if hmac.compare_digest(sent, self._token):
+            return continuation(details)
+        handler = continuation(details)
+        if handler is None:
+            return None
+        if handler.request_streaming:
+            return self._deny_stream
+        if handler.response_streaming:
+            return self._deny_server_stream
+        return self._deny
+
+
+__all__ = ["Servicer", "TokenAuth"]
