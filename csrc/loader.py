@@ -32,9 +32,16 @@ _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
 def native_mode() -> str:
-    """'auto' (default), '0' (never) or '1' (always: a failed build raises)."""
-    mode = os.environ.get("KVSTORE_NATIVE", "auto").strip().lower()
-    return mode if mode in ("auto", "0", "1") else "auto"
+    """'auto' (default), '0' (never) or '1' (always: a failed build raises). Any other value is
+    an error naming the variable (a typo must not silently mean 'auto')."""
+    raw = os.environ.get("KVSTORE_NATIVE", "auto")
+    mode = raw.strip().lower()
+    if mode not in ("auto", "0", "1"):
+        from kvstore.errors import ConfigError
+
+        raise ConfigError(f"KVSTORE_NATIVE={raw!r}: must be auto, 0 or 1",
+                          hint="unset it, or set auto, 0 or 1")
+    return mode
 
 
 def copy_blocks_override(name: str = "KVSTORE_COPY_BLOCKS") -> int | None:

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kvstore.errors import InvalidArgument, TierUnavailable
+from kvstore.errors import InvalidArgument, StoreClosed, TierUnavailable
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics, TierStats
@@ -58,6 +58,7 @@ class Tier(ABC):
                 hint="raise the tier's capacity to at least one page",
             )
         self.name = name
+        self._tier_closed = False
         self.layout = layout
         self.capacity_pages = capacity_pages
         self.metrics = metrics if metrics is not None else Metrics()
@@ -75,6 +76,7 @@ class Tier(ABC):
     # ----------------------------------------------------------------- public, instrumented
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
         check_keys(keys)
         if not keys:
             return []
@@ -88,6 +90,7 @@ class Tier(ABC):
             self._m_lat["contains"].observe(time.perf_counter() - t0)
 
     def count_leading(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
         check_keys(keys)
         if not keys:
             return 0
@@ -100,6 +103,7 @@ class Tier(ABC):
     def read(
         self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
     ) -> list[bool]:
+        self._check_open()
         check_keys(keys)
         if len(namespace_id) != KEY_BYTES:
             raise InvalidArgument(f"namespace id must be {KEY_BYTES} bytes, got {len(namespace_id)}")
@@ -118,6 +122,7 @@ class Tier(ABC):
         return found
 
     def write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
+        self._check_open()
         for meta in metas:
             if len(meta.key) != KEY_BYTES or len(meta.token_ids) != 4 * self.layout.block_size:
                 raise InvalidArgument(
@@ -140,6 +145,7 @@ class Tier(ABC):
         return stored
 
     def delete(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
         check_keys(keys)
         if not keys:
             return 0
@@ -155,9 +161,11 @@ class Tier(ABC):
         return n
 
     def meta(self, key: bytes) -> BlockMeta | None:
+        self._check_open()
         return self._meta(key)
 
     def keys(self) -> Iterator[bytes]:
+        self._check_open()
         return self._keys()
 
     @property
@@ -169,6 +177,7 @@ class Tier(ABC):
         return max(0, self.capacity_pages - self._used())
 
     def stats(self) -> TierStats:
+        self._check_open()
         v = self.metrics.value
         n = self.name
         return TierStats(
@@ -200,7 +209,17 @@ class Tier(ABC):
         )
 
     def close(self) -> None:
-        """Release the medium. Idempotent. Default: nothing to release."""
+        """Release the medium. Idempotent; every later call raises StoreClosed. A tier that
+        holds a medium overrides this and calls ``super().close()`` first."""
+        self._tier_closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._tier_closed
+
+    def _check_open(self) -> None:
+        if self._tier_closed:
+            raise StoreClosed(f"tier {self.name!r}")
 
     # ----------------------------------------------------------------- for implementations
 

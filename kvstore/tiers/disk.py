@@ -259,7 +259,8 @@ class DiskTier(Tier):
 
     def close(self) -> None:
         """Flush last-access times and pending removals, close the index and the slab, release
-        the directory. Idempotent; later operations act as if the tier were unavailable."""
+        the directory. Idempotent; later calls raise StoreClosed."""
+        super().close()
         with self._commit_lock:
             if self._closed:
                 return
@@ -291,7 +292,7 @@ class DiskTier(Tier):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def _ensure_open(self) -> None:
         if self._closed:
             raise TierUnavailable(f"disk tier {self.name!r} is closed")
 
@@ -338,7 +339,7 @@ class DiskTier(Tier):
         return None if entry is None else entry.slot
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
-        self._check_open()
+        self._ensure_open()
         n = len(metas)
         with self._lock:
             got = [self._alloc() for _ in range(n)]
@@ -418,7 +419,7 @@ class DiskTier(Tier):
     def _read(
         self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
     ) -> list[bool]:
-        self._check_open()
+        self._ensure_open()
         assert self._slab is not None
         slab = self._slab
         found = [False] * len(keys)
@@ -477,7 +478,7 @@ class DiskTier(Tier):
         return found
 
     def _delete(self, keys: Sequence[bytes]) -> int:
-        self._check_open()
+        self._ensure_open()
         with self._commit_lock:
             with self._lock:
                 n = 0

@@ -411,6 +411,7 @@ class RedisTier(Tier):
         return len(self._owned)
 
     def close(self) -> None:
+        super().close()
         with self._lock:
             pools = list(self._pools.values())
             cluster, self._cluster = self._cluster, None

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,3 +54,12 @@ def test_forced_reference_path() -> None:
         env={"KVSTORE_NATIVE": "0", "PATH": ""},
     )
     assert out.stdout.strip() == "False"
+
+
+def test_a_bad_native_switch_is_an_error_for_library_users_too(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from csrc.loader import native_mode
+    from kvstore.errors import ConfigError
+
+    monkeypatch.setenv("KVSTORE_NATIVE", "banana")
+    with pytest.raises(ConfigError, match="KVSTORE_NATIVE='banana': must be auto, 0 or 1"):
+        native_mode()

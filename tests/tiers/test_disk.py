@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from kvstore import ConfigError, KVLayout, Metrics, Namespace
+from kvstore.errors import StoreClosed
 from kvstore.record import header_bytes
 from kvstore.tiers import disk_io
 from kvstore.tiers.disk import DiskTier, aligned_empty
@@ -606,15 +607,16 @@ def test_unusable_directory_is_a_config_error(tmp_path: Path) -> None:
         DiskTier("disk", L16, 4, path=tmp_path / "file" / "sub")
 
 
-def test_closed_tier_serves_misses(disk_dir: Path) -> None:
+def test_closed_tier_refuses_work(disk_dir: Path) -> None:
     metas = block_metas(L16, range(2))
     tier = DiskTier("disk", L16, 4, Metrics(), path=disk_dir)
     tier.write(metas, pages_for(metas, L16.page_bytes))
     tier.close()
     tier.close()
-    assert tier.read(namespace(L16).id, [metas[0].key], [aligned_empty(L16.page_bytes)]) == [False]
-    assert tier.write(metas, pages_for(metas, L16.page_bytes)) == [False, False]
-    assert tier.stats().errors == 2
+    with pytest.raises(StoreClosed, match="tier 'disk' is closed"):
+        tier.read(namespace(L16).id, [metas[0].key], [aligned_empty(L16.page_bytes)])
+    with pytest.raises(StoreClosed, match="tier 'disk' is closed"):
+        tier.write(metas, pages_for(metas, L16.page_bytes))
 
 
 def test_unused_directory_cleans_up(tmp_path: Path) -> None:

@@ -162,3 +162,19 @@ def test_a_handle_of_another_store_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="another store"):
         b.complete_store(h)
     a.abort(h)
+
+
+@pytest.mark.parametrize("kind", ["host", "disk"])
+def test_a_closed_tier_refuses_work(kind: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from kvstore.tiers.disk import DiskTier
+
+    tier = (HostTier("t", LAYOUT, 8, Metrics()) if kind == "host"
+            else DiskTier("t", LAYOUT, 8, Metrics(), path=tmp_path / "d", fsync=False))
+    assert tier.write(CHAIN.metas(), list(PAGES)) == [True] * 4
+    tier.close()
+    for call in (lambda: tier.contains(CHAIN.keys), lambda: tier.read(NS.id, CHAIN.keys, list(out(4))),
+                 lambda: tier.write(CHAIN.metas(), list(PAGES)), lambda: tier.delete(CHAIN.keys),
+                 lambda: tier.count_leading(CHAIN.keys), lambda: tier.meta(CHAIN.keys[0])):
+        with pytest.raises(StoreClosed, match="tier 't' is closed"):
+            call()
+    tier.close()  # idempotent
