@@ -1,0 +1,116 @@
+"""Eight threads of mixed store operations at once -- puts, gets, leased lookups followed by
+leased loads, evictions, prefetches, staging loads and saves -- over two host tiers under
+write-back and promotion. Afterwards ``check_integrity`` holds (every policy tracks exactly
+what its tier holds), no read returned wrong bytes, and no page a lease pinned went missing
+before its load. Bounded in CI; ``-m slow`` runs it for a minute."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvstore import KVLayout, Metrics, Namespace, TieredStore
+from kvstore.errors import LeaseError
+from kvstore.tiers.host import HostTier
+
+LAYOUT = KVLayout(1, 1, 8, 4, "float16")  # 64-byte pages
+NS = Namespace("concurrency", LAYOUT)
+CHAINS = [NS.chain([7, 7, 7, 7] + [c * 1000 + i for i in range(4 * 7)]) for c in range(6)]
+
+
+def page_of(key: bytes) -> np.ndarray:
+    raw = b"".join(xxhash.xxh3_128_digest(key + bytes([i])) for i in range(8))
+    return np.frombuffer(raw, dtype=np.uint8)
+
+
+def worker(store: TieredStore, seed: int, deadline: float, tally: Counter[str]) -> None:
+    rng = random.Random(seed)
+    while time.monotonic() < deadline:
+        chain = rng.choice(CHAINS)
+        n = rng.randint(1, len(chain.keys))
+        keys = list(chain.keys[:n])
+        op = rng.random()
+        if op < 0.3:
+            store.put(chain.metas(0, n), np.stack([page_of(k) for k in keys]))
+        elif op < 0.5:
+            out = np.zeros((n, LAYOUT.page_bytes), np.uint8)
+            res = store.get(NS.id, keys, out)
+            tally["wrong"] += sum(f and not np.array_equal(b, page_of(k))
+                                  for k, f, b in zip(keys, res.found, out))
+        elif op < 0.7:
+            hit = store.lookup(keys, lease=True)
+            if hit.lease is None:
+                continue
+            out = np.zeros((hit.num_blocks, LAYOUT.page_bytes), np.uint8)
+            res = store.get(NS.id, keys[: hit.num_blocks], out, lease=hit.lease)
+            tally["leased"] += hit.num_blocks
+            tally["lost"] += hit.num_blocks - res.num_found
+            tally["wrong"] += sum(f and not np.array_equal(b, page_of(k))
+                                  for k, f, b in zip(keys, res.found, out))
+        elif op < 0.8:
+            store.evict(rng.randint(1, 3), tier=rng.choice(["fast", "slow"]))
+        elif op < 0.9:
+            load = store.prepare_load(NS.id, keys)
+            tally["wrong"] += sum(not np.array_equal(load.slab[s], page_of(k))
+                                  for k, s in zip(load.keys, load.slots))
+            store.complete_load(load)
+        else:
+            h = store.prepare_store(chain.metas(0, n))
+            for m, s in zip(h.metas, h.slots):
+                h.slab[s] = page_of(m.key)
+            if rng.random() < 0.2:
+                store.abort(h)
+            else:
+                store.complete_store(h)
+        tally["ops"] += 1
+
+
+def hammer(seconds: float) -> Counter[str]:
+    m = Metrics()
+    store = TieredStore(LAYOUT, [HostTier("fast", LAYOUT, 12, m), HostTier("slow", LAYOUT, 30, m)],
+                        ["lru", "s3fifo"], write_policy="write_back", lease_ttl_s=60.0)
+    tally: Counter[str] = Counter()
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + seconds
+
+    def run(seed: int) -> None:
+        local: Counter[str] = Counter()
+        try:
+            worker(store, seed, deadline, local)
+        except LeaseError as exc:  # never: leases last 60 s here
+            errors.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            with lock:
+                tally.update(local)
+
+    lock = threading.Lock()
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    store.check_integrity()
+    assert store.stats().active_leases == 0
+    store.close()
+    return tally
+
+
+def test_eight_threads_keep_the_store_consistent() -> None:
+    tally = hammer(4.0)
+    assert tally["ops"] > 200 and tally["leased"] > 0
+    assert (tally["wrong"], tally["lost"]) == (0, 0)
+
+
+@pytest.mark.slow
+def test_eight_threads_for_a_minute() -> None:
+    tally = hammer(60.0)
+    assert (tally["wrong"], tally["lost"]) == (0, 0)
