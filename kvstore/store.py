@@ -48,6 +48,7 @@ import numpy as np
 from kvstore.bandwidth import BandwidthMeter
 from kvstore.buffers import aligned_pages, page_views
 from kvstore.errors import InvalidArgument, LeaseError, StoreClosed
+from kvstore.events import Listener, Listeners
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
@@ -124,6 +125,7 @@ class TieredStore:
         self._writing: list[set[bytes]] = [set() for _ in tiers]  # keys of open store handles
         self._handle_ids = iter(range(1, 1 << 62))
         self._closed = False
+        self._listeners = Listeners()
         self._executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
         self._mover = ThreadPoolExecutor(1, thread_name_prefix="kvstore-mover")
         self._moving: set[Future[Any]] = set()
@@ -267,6 +269,9 @@ class TieredStore:
                     policy.access(meta.key)
                 elif len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
+        if self._listeners:
+            self._listeners.emit("stored", self.tiers[ti].name, [m.key for m in metas],
+                                 [m.namespace_id for m in metas])
 
     def _claim(self, ti: int, n: int) -> tuple[list[bytes], int]:
         """Claim room for ``n`` more pages in tier ``ti`` (lock held): choose the victims whose
@@ -330,11 +335,14 @@ class TieredStore:
                     gone.append(k)
             give_up = min(spared, claim)
             self._claimed[ti] -= give_up
+            spaces = self._namespaces_of(tier, gone)
             if not tier.shared:
                 tier.delete(gone)
         if tier.shared:  # network I/O: outside the lock (its policy is a budget, see above)
             tier.delete(gone)
         tier.count_eviction(len(gone))
+        if self._listeners:
+            self._listeners.emit("removed", tier.name, gone, spaces)
         return claim - give_up
 
     def _copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
@@ -367,6 +375,9 @@ class TieredStore:
             for meta in metas:
                 if meta.key not in policy and len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
+        if self._listeners:
+            self._listeners.emit("stored", self.tiers[ti].name, [m.key for m in metas],
+                                 [m.namespace_id for m in metas])
         if self.write_policy == "write_through" and ti + 1 < len(self.tiers):
             self._background(self._copy_down, ti, [m.key for m in metas], "write_through")
 
@@ -450,6 +461,9 @@ class TieredStore:
                 stale = [k for k, here in zip(stale, tier.contains(stale)) if not here]
             for k in stale:
                 policy.remove(k)  # a failed check dropped it, a TTL expired it, another deleted it
+        if stale and self._listeners:
+            self._listeners.emit("removed", tier.name, stale, [None] * len(stale))
+        with self._lock:
             untracked = [k for k in hit_keys if k not in policy and k not in retiring]
             if untracked and not tier.shared:
                 untracked = [k for k, here in zip(untracked, tier.contains(untracked)) if here]
@@ -747,6 +761,7 @@ class TieredStore:
         keys = list(keys)
         n = 0
         shared = []
+        removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
         with self._lock:
             for ti, tier in enumerate(self.tiers):
                 for k in keys:
@@ -754,11 +769,35 @@ class TieredStore:
                     self._hits[ti].pop(k, None)
                 if tier.shared:
                     shared.append(tier)
-                else:  # local index updates, under the lock so policy and tier agree
-                    n += tier.delete(keys)
+                    continue
+                if self._listeners:  # which of them it held, and whose they were
+                    held = [k for k, here in zip(keys, tier.contains(keys)) if here]
+                    removed.append((tier.name, held, self._namespaces_of(tier, held)))
+                n += tier.delete(keys)  # local index updates, under the lock: policy == tier
         for tier in shared:  # network I/O outside the lock
             n += tier.delete(keys)
+            removed.append((tier.name, keys, [None] * len(keys)))
+        for name, gone, spaces in removed:
+            self._listeners.emit("removed", name, gone, spaces)
         return n
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(StoreEvent)`` for every page stored in or removed from a tier (see
+        :mod:`kvstore.events`): puts, staging saves, engine commits, evictions, deletes."""
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _namespaces_of(self, tier: Tier, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The namespace of each of ``keys`` in ``tier`` when someone listens and the tier can
+        tell cheaply (not a shared tier: that would be a network call)."""
+        if not self._listeners or not keys:
+            return []
+        if tier.shared:
+            return [None] * len(keys)
+        metas = [tier.meta(k) for k in keys]
+        return [m.namespace_id if m is not None else None for m in metas]
 
     def evict(self, n: int, *, tier: str | None = None) -> int:
         """Evict up to ``n`` pages from ``tier`` by its policy (write-back applies, outside the

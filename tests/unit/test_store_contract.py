@@ -178,3 +178,27 @@ def test_a_closed_tier_refuses_work(kind: str, tmp_path) -> None:  # type: ignor
         with pytest.raises(StoreClosed, match="tier 't' is closed"):
             call()
     tier.close()  # idempotent
+
+
+def test_listeners_see_every_page_stored_and_removed() -> None:
+    from kvstore.events import StoreEvent
+
+    s = store(3)
+    seen: list[StoreEvent] = []
+    s.add_listener(seen.append)
+    s.add_listener(lambda e: 1 / 0)  # a failing watcher changes nothing for the caller
+    s.put(CHAIN.metas(0, 2), PAGES[:2])
+    h = s.prepare_store(CHAIN.metas(2, 4))  # room for one more: block 0 (LRU) goes
+    for m, slot in zip(h.metas, h.slots):
+        h.slab[slot] = PAGES[CHAIN.keys.index(m.key)]
+    s.complete_store(h)
+    s.delete([CHAIN.keys[3]])
+    got = [(e.kind, e.keys, e.namespace_ids) for e in seen]
+    assert got == [
+        ("stored", tuple(CHAIN.keys[:2]), (NS.id, NS.id)),
+        ("removed", (CHAIN.keys[0],), (NS.id,)),
+        ("stored", tuple(CHAIN.keys[2:4]), (NS.id, NS.id)),
+        ("removed", (CHAIN.keys[3],), (NS.id,)),
+    ]
+    assert all(e.tier == "host" for e in seen)
+    s.check_integrity()
