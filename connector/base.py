@@ -157,11 +157,17 @@ class LoadMatch:
     engine's computed prefix; ``load_async``: the load spans steps (pages come from a tier below
     the host tier) and the request waits until ``get_finished`` reports it in ``recving``.
     ``tiers``: where each matched block was found at lookup (its fastest tier), for the
-    engine's per-tier reuse counts; empty when the connector does not say."""
+    engine's per-tier reuse counts; empty when the connector does not say. ``num_tokens`` None:
+    not known yet (a lookup of a remote tier is in flight) -- the engine leaves the request
+    waiting and asks again on a later step, as vLLM does with ``None``."""
 
-    num_tokens: int
+    num_tokens: int | None
     load_async: bool
     tiers: tuple[str, ...] = ()
+
+    @property
+    def pending(self) -> bool:
+        return self.num_tokens is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +234,9 @@ class KVConnectorScheduler(ABC):
         a multiple of ``block_size``) that can be loaded: whole blocks, never the last token
         (which must be computed to yield logits). Pins the pages (a lease) until the load ends
         or ``update_state_after_alloc`` / ``request_finished`` drops them; a second call for the
-        same request replaces the first. Raises InvalidArgument for a bad argument."""
+        same request replaces the first. Never blocks: when the answer needs a remote tier, it
+        returns a pending match (``num_tokens`` None) and the engine asks again on a later step.
+        Raises InvalidArgument for a bad argument."""
 
     @abstractmethod
     def update_state_after_alloc(

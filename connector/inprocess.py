@@ -67,7 +67,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -89,7 +89,7 @@ from connector.transfer import CopyFn, LayerTransfer, SaveBuffer, make_transfer
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta, Namespace
 from kvstore.ops import copy_spans
-from kvstore.results import Lease
+from kvstore.results import Lease, LookupResult
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
 from kvstore.tiers.hbm_owner import OwnedPool
@@ -123,6 +123,14 @@ class _Match:
     lease: Lease | None
     load_async: bool
     spec: LoadSpec | None = None  # set by update_state_after_alloc
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A lookup of the remote tiers in flight for a request (the scheduler never waits on it)."""
+
+    keys: tuple[bytes, ...]
+    future: Future[LookupResult]
 
 
 class InProcessScheduler(KVConnectorScheduler):
@@ -161,6 +169,8 @@ class InProcessScheduler(KVConnectorScheduler):
         self._host = _host_index(store, host_tier)
         self._rank = {t.name: i for i, t in enumerate(store.tiers)}
         self._matches: dict[str, _Match] = {}
+        self._pending: dict[str, _Pending] = {}
+        self.pending_answers = 0  # "not known yet" answers given (remote lookups in flight)
         self._loads: list[LoadSpec] = []
         self._saves: list[SaveSpec] = []
         self._transfers: set[str] = set()  # requests with saves or async loads handed out
@@ -177,11 +187,14 @@ class InProcessScheduler(KVConnectorScheduler):
         max_blocks = (len(token_ids) - 1) // B if len(token_ids) else 0
         start = num_computed_tokens // B
         chain = self.namespace.chain(list(token_ids[: max_blocks * B]))  # validates the ids
-        self._drop(request_id)
+        self._drop(request_id, lookups=False)
         if start >= max_blocks:
             return LoadMatch(0, False)
-        keys = chain.keys[start:max_blocks]
-        found = self.store.lookup(keys, lease=True)
+        keys = tuple(chain.keys[start:max_blocks])
+        found = self._lookup(request_id, keys)
+        if found is None:
+            self.pending_answers += 1
+            return LoadMatch(None, False)
         rank = self._rank
         n = next((i for i, t in enumerate(found.tiers) if rank[t] < self._host), found.num_blocks)
         n = self._worth_loading(found.tiers[:n])
@@ -198,6 +211,37 @@ class InProcessScheduler(KVConnectorScheduler):
                 lease = None  # expired already: the load judges its pages as they are
         self._matches[request_id] = _Match(tuple(keys[:n]), lease, load_async)
         return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
+
+    def _lookup(self, request_id: str, keys: tuple[bytes, ...]) -> LookupResult | None:
+        """The leased lookup of ``keys``, or None while a remote part of it is in flight. The
+        local tiers answer at once; only when they end the run early and a remote tier could
+        extend it is the full lookup started in the background (asked again next step)."""
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            if pending.keys == keys:
+                if not pending.future.done():
+                    return None
+                del self._pending[request_id]
+                try:
+                    return pending.future.result()
+                except Exception:  # noqa: BLE001 - a failed remote lookup is a local answer
+                    return self.store.lookup(keys, lease=True, local_only=True)
+            del self._pending[request_id]  # asked for other tokens now
+            self._abandon(pending)
+        found = self.store.lookup(keys, lease=True, local_only=True)
+        if found.num_blocks == len(keys) or not self.store.has_remote_tiers:
+            return found
+        if found.lease is not None:
+            self._release(found.lease)
+        self._pending[request_id] = _Pending(keys, self.store.lookup_async(keys, lease=True))
+        return None
+
+    def _abandon(self, pending: _Pending) -> None:
+        """Release the lease a dropped lookup took (or will take, once it finishes)."""
+        def release(fut: Future[LookupResult]) -> None:
+            if fut.exception() is None and fut.result().lease is not None:
+                self._release(fut.result().lease)  # type: ignore[arg-type]
+        pending.future.add_done_callback(release)
 
     @property
     def recompute_tokens_per_s(self) -> float | None:
@@ -323,13 +367,16 @@ class InProcessScheduler(KVConnectorScheduler):
             isinstance(t, OwnedPool) for t in self.store.tiers)
 
     def close(self) -> None:
-        for rid in list(self._matches):
+        for rid in list(self._matches) + list(self._pending):
             self._drop(rid)
 
-    def _drop(self, request_id: str) -> None:
+    def _drop(self, request_id: str, *, lookups: bool = True) -> None:
         match = self._matches.pop(request_id, None)
         if match is not None and match.lease is not None:
             self._release(match.lease)
+        pending = self._pending.pop(request_id, None) if lookups else None
+        if pending is not None:
+            self._abandon(pending)
 
     def _release(self, lease: Lease) -> None:
         try:

@@ -144,24 +144,29 @@ class TieredStore:
 
     # ----------------------------------------------------------------- lookup and leases
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False) -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
+               local_only: bool = False) -> LookupResult:
         """The longest run of leading ``keys`` held by some tier, with the fastest tier of each.
 
         With ``lease=True`` the hit pages are pinned (never evicted) until :meth:`release` or
-        until ``lease_ttl_s`` passes, so a load that follows cannot race eviction.
+        until ``lease_ttl_s`` passes, so a load that follows cannot race eviction. With
+        ``local_only`` the shared (network) tiers are not asked: the answer never waits on a
+        remote server (a scheduler thread's lookup; see :meth:`lookup_async` and
+        :attr:`has_remote_tiers`).
         """
         self._check_open()
         check_keys(keys)
         t0 = time.perf_counter()
         tiers: list[str] = []
+        asked = [t for t in self.tiers if not (local_only and t.shared)]
         pos, n = 0, len(keys)
         while pos < n:
-            for ti, tier in enumerate(self.tiers):
+            for ti, tier in enumerate(asked):
                 run = tier.count_leading(keys[pos:])
                 if run:
                     if ti:  # hand back the part of the run that a faster tier also holds
                         window = keys[pos : pos + run]
-                        for faster in self.tiers[:ti]:
+                        for faster in asked[:ti]:
                             there = faster.contains(window)
                             run = next((i for i, h in enumerate(there) if h), run)
                             window = window[:run]
@@ -173,11 +178,41 @@ class TieredStore:
         granted: Lease | None = None
         if lease and pos:
             with self._lock:
-                granted = self._leases.grant(keys[:pos])
+                # The run was found without the lock: a page evicted since is not leased. Under
+                # the lock a local tier's policy tracks exactly its pages (retiring victims
+                # included), and from the grant on no eviction takes them.
+                pos = self._still_held(keys, tiers, pos)
+                granted = self._leases.grant(keys[:pos]) if pos else None
+            del tiers[pos:]
         self._m_lookup_hit.inc(pos)
         self._m_lookup_miss.inc(n - pos)
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         return LookupResult(pos, tuple(tiers), granted)
+
+    def _still_held(self, keys: Sequence[bytes], tiers: list[str], pos: int) -> int:
+        """How many of the first ``pos`` keys their local tier still holds (lock held); a shared
+        tier's pages are taken as found (other nodes delete them anyway: a later miss)."""
+        for i in range(pos):
+            ti = self._by_name[tiers[i]]
+            if self.tiers[ti].shared:
+                continue
+            k = keys[i]
+            if k not in self.policies[ti] and k not in self._retiring[ti]:
+                return i
+        return pos
+
+    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False) -> Future[LookupResult]:
+        """:meth:`lookup` of every tier on the store's prefetch threads. A caller that drops
+        the future before it is done must release the lease it carries (``add_done_callback``).
+        Raises what :meth:`lookup` raises for bad keys, at once."""
+        self._check_open()
+        check_keys(keys)
+        return self._executor.submit(self.lookup, list(keys), lease=lease)
+
+    @property
+    def has_remote_tiers(self) -> bool:
+        """Whether some tier is shared over the network (a lookup of it may wait on a server)."""
+        return any(t.shared for t in self.tiers)
 
     def release(self, lease: Lease | int) -> None:
         """Unpin a lease's pages. Raises LeaseError for an expired, released or unknown lease

@@ -336,6 +336,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the requests that finished in it."""
         chunks = self.scheduler.schedule()
+        if not chunks and (self.scheduler.num_pending_lookups or self.scheduler.num_delayed_frees):
+            time.sleep(0.0005)  # waiting on a remote lookup or on saves to free blocks: no spin
         conn = self.connector
         bound = False
         rolled: set[str] = set()

@@ -121,6 +121,8 @@ class Scheduler:
         self.num_tokens_load_failed = 0  # tokens whose load failed (recomputed)
         self.connector = connector
         self._admissions = itertools.count()
+        #: waiting requests the last schedule() skipped: their connector lookup is in flight
+        self.num_pending_lookups = 0
         self._loading: list[Request] = []  # requests with a load in this step
         self._conn_finished: list[str] = []  # connector ids ended since take_connector_finished
         self._delayed: dict[str, list[int]] = {}  # connector id -> blocks freed once reported
@@ -163,6 +165,7 @@ class Scheduler:
                 i += 1
         if preempted:
             return chunks
+        skipped: list[Request] = []  # waiting on a connector lookup of a remote tier
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             never = -(-req.max_kv_tokens() // self.block_size)
@@ -175,6 +178,10 @@ class Scheduler:
                 continue
             hits = self._acquire_prefix(req)
             loaded = self._match_external(req, hits)
+            if loaded is None:  # not known yet: the connector asks a remote tier; next step
+                self._reset(req)
+                skipped.append(self.waiting.popleft())
+                continue
             n = min(req.num_tokens - req.num_computed_tokens, self.config.max_chunk_tokens,
                     budget)
             if not self._grow(req, n):
@@ -183,7 +190,8 @@ class Scheduler:
                     self.connector.scheduler.update_state_after_alloc(req.connector_id, [], 0)
                 req.connector_id = None
                 self._reset(req)
-                if not self.running:
+                if not self.running and not self._delayed:  # (blocks of finished requests
+                    # whose saves are in flight come back soon: wait for them instead)
                     self.waiting.popleft()
                     self._finish(req, "error", error=(
                         f"request {req.request_id!r}: the KV pool has no free blocks even with "
@@ -211,6 +219,8 @@ class Scheduler:
             chunks.append(ScheduledChunk(req, req.num_computed_tokens, n))
             self._request_saves(req, req.num_computed_tokens + n)
             budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        self.num_pending_lookups = len(skipped)
         return chunks
 
     def _acquire_prefix(self, req: Request) -> int:
@@ -227,16 +237,22 @@ class Scheduler:
         req.num_committed_blocks = len(blocks)
         return len(blocks)
 
-    def _match_external(self, req: Request, hits: int) -> list[int]:
+    def _match_external(self, req: Request, hits: int) -> list[int] | None:
         """Ask the connector for blocks past the hbm prefix; allocate blocks for them (they are
         loaded this step). Returns the allocated block ids (the match is left pending: the
-        caller confirms it with ``update_state_after_alloc`` or drops it)."""
+        caller confirms it with ``update_state_after_alloc`` or drops it), or None when the
+        connector does not know yet (the request keeps its admission id and is asked about
+        again on a later step)."""
         conn = self.connector
         if conn is None or not self.config.enable_prefix_caching:
             return []
-        cid = req.connector_id = f"{req.request_id}#{next(self._admissions)}"
+        if req.connector_id is None:
+            req.connector_id = f"{req.request_id}#{next(self._admissions)}"
+        cid = req.connector_id
         match = conn.scheduler.get_num_new_matched_tokens(
             cid, req.token_ids, hits * self.block_size)
+        if match.num_tokens is None:
+            return None
         nblk = match.num_tokens // self.block_size
         if nblk == 0:
             return []

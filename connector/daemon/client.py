@@ -148,6 +148,7 @@ class DaemonStore:
         self._reconnector: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvstore-daemon-client")
         self._closed = False
+        self._remote_tiers = False  # learnt from each lookup reply
         info = self._connect()
         self.layout = KVLayout(info.layout.num_layers, info.layout.num_kv_heads,
                                info.layout.head_dim, info.layout.block_size, info.layout.dtype)
@@ -298,23 +299,34 @@ class DaemonStore:
         self.tier(tier_name)
         return self._bandwidth.get(tier_name) or None
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False) -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
+               local_only: bool = False) -> LookupResult:
         """As :meth:`TieredStore.lookup`, under ``namespace_id``; a miss when the daemon is
         down."""
         keys = list(keys)
         req = pb.LookupRequest(session_id=self._session_id, namespace_id=self.namespace_id,
-                               keys=keys, lease=lease)
+                               keys=keys, lease=lease, local_only=local_only)
         try:
             r = self._call("Lookup", req)
         except DaemonUnavailable:
             self._failed("lookup")
             return LookupResult(0, ())
         self._bandwidth = {b.tier: b.bytes_per_s for b in r.bandwidth}
+        self._remote_tiers = r.has_remote_tiers
         granted = None
         if r.lease_id:
             granted = Lease(r.lease_id, tuple(keys[: r.num_blocks]),
                             time.monotonic() + r.lease_ttl_s, self.owner)
         return LookupResult(r.num_blocks, tuple(r.tiers), granted)
+
+    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False) -> Future[LookupResult]:
+        """:meth:`lookup` of every tier of the daemon's store, on a thread of this client."""
+        return self._pool.submit(self.lookup, list(keys), lease=lease)
+
+    @property
+    def has_remote_tiers(self) -> bool:
+        """Whether the daemon's store has a shared (network) tier, as of the last lookup."""
+        return self._remote_tiers
 
     def release(self, lease: Lease) -> None:
         try:

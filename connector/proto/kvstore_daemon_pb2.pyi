@@ -70,16 +70,18 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_name: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("session_id", "namespace_id", "keys", "lease")
+    __slots__ = ("session_id", "namespace_id", "keys", "lease", "local_only")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     namespace_id: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease: bool
-    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class TierBandwidth(_message.Message):
     __slots__ = ("tier", "bytes_per_s")
@@ -90,18 +92,20 @@ class TierBandwidth(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class LookupReply(_message.Message):
-    __slots__ = ("num_blocks", "tiers", "lease_id", "lease_ttl_s", "bandwidth")
+    __slots__ = ("num_blocks", "tiers", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    HAS_REMOTE_TIERS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     tiers: _containers.RepeatedScalarFieldContainer[str]
     lease_id: int
     lease_ttl_s: float
     bandwidth: _containers.RepeatedCompositeFieldContainer[TierBandwidth]
-    def __init__(self, num_blocks: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ...) -> None: ...
+    has_remote_tiers: bool
+    def __init__(self, num_blocks: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("session_id", "namespace_id", "lease_id", "keep")

@@ -229,12 +229,13 @@ class DaemonService:
 
     # ----------------------------------------------------------------- lookup and leases
 
-    def lookup(self, session_id: str, ns: bytes, keys: Sequence[bytes], lease: bool) -> LookupResult:
+    def lookup(self, session_id: str, ns: bytes, keys: Sequence[bytes], lease: bool,
+               local_only: bool = False) -> LookupResult:
         keys = self._keys(ns, keys)
         s = self._session(session_id) if lease else None
         if s is not None:
             self._check_room(s)
-        found = self.store.lookup(keys, lease=lease)
+        found = self.store.lookup(keys, lease=lease, local_only=local_only)
         if s is not None and found.lease is not None:
             try:
                 self._record(s, s.leases, found.lease.id, ns, found.lease)

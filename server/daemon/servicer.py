@@ -87,14 +87,15 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     @_unary
     def Lookup(self, request: Any, context: grpc.ServicerContext) -> Any:
         found = self.service.lookup(request.session_id, request.namespace_id, list(request.keys),
-                                    request.lease)
+                                    request.lease, request.local_only)
         store = self.service.store
         bw = [pb.TierBandwidth(tier=t.name, bytes_per_s=store.read_bandwidth(t.name) or 0.0)
               for t in store.tiers]
         lease = found.lease
         return pb.LookupReply(num_blocks=found.num_blocks, tiers=found.tiers,
                               lease_id=lease.id if lease else 0,
-                              lease_ttl_s=store.lease_ttl_s if lease else 0.0, bandwidth=bw)
+                              lease_ttl_s=store.lease_ttl_s if lease else 0.0, bandwidth=bw,
+                              has_remote_tiers=store.has_remote_tiers)
 
     @_unary
     def Release(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -414,3 +414,42 @@ def test_disk_page_corrupted_after_lookup_is_recomputed(model: LlamaForPagedLM, 
     assert_clean(engine)
     engine.close()
     store.close()
+
+
+def test_a_stalled_redis_never_holds_up_scheduling(model: LlamaForPagedLM, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """The scheduler side answers "not known yet" while a lookup of Redis is in flight: a
+    request whose prefix is only in a stalled (SIGSTOP) Redis waits, one whose prefix is in host
+    is admitted in the same step; once the lookup gives up, the first is computed -- both with
+    the reference's tokens."""
+    from kvstore.tiers.redis import RedisTier
+
+    layout = model.config.kv_layout(BS)
+    redis = RedisTier("redis", layout, 64, Metrics(), url=redis_server.url, timeout_s=0.5,
+                      connect_timeout_s=0.5)
+    engine, store, host = _engine_over(model, redis)
+    rng = random.Random(12)
+    far, near = prompt(rng, 53), prompt(rng, 40)
+    ref = reference(model, [far, near])
+    assert tokens(engine.generate([far], GREEDY)) == [ref[0]]
+    _only_below_host(engine, store, host, redis, engine.namespace.chain(far).keys[:3])
+    assert tokens(engine.generate([near], GREEDY)) == [ref[1]]
+    clear_hbm(engine)  # near's blocks: back in host only
+    redis_server.pause()
+    try:
+        a = engine.add_request(far, GREEDY)
+        b = engine.add_request(near, GREEDY)
+        engine.step()
+        sched = engine.scheduler
+        assert [r.request_id for r in sched.waiting] == [a]  # its lookup is still in flight
+        assert [r.request_id for r in sched.running] == [b]  # admitted, loading from host
+        outs = {}
+        while engine.has_unfinished():
+            outs.update({o.request_id: o for o in engine.step()})
+    finally:
+        redis_server.resume()
+    assert [outs[a].output_token_ids, outs[b].output_token_ids] == ref
+    assert outs[b].metrics.num_tokens_reused["host"] == 32
+    assert engine.connector.scheduler.pending_answers >= 1  # type: ignore[union-attr]
+    assert_clean(engine)
+    engine.close()
+    store.close()
