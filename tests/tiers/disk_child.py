@@ -82,7 +82,7 @@ def crash_worker(directory: Path, seed: int) -> None:
         "crash", layout, CRASH_CAPACITY, path=directory, io_threads=2,
         check_index=False, fsync=rng.random() < 0.5,
     )
-    print("ready", flush=True)
+    _say("ready")
     log_fd = os.open(directory / "acked.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     out = aligned_empty(8 * page_bytes).reshape(8, page_bytes)
     while True:
@@ -118,9 +118,15 @@ def serve(directory: Path) -> None:
                 print(f"error {type(exc).__name__}: {exc}", flush=True)
             finally:
                 os._exit(1)
-        print(f"pid {pid}", flush=True)
+        _say(f"pid {pid}")
         _, status = os.waitpid(pid, 0)
-        print(f"dead {pid} {status}", flush=True)
+        _say(f"dead {pid} {status}")
+
+
+def _say(line: str) -> None:
+    """One line in one write: the server and its worker share stdout (print may split it)."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
 
 
 def hold(directory: Path) -> None:
