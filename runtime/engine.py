@@ -54,8 +54,8 @@ from kvstore.metrics import Metrics
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.hbm_owner import LocalOwner
-from kvstore.tiers.host import HostTier
+from kvstore.local_owner import LocalOwner
+from kvstore.tiers.slab import SlabSlots
 from runtime.attention import DEFAULT_BACKEND
 from runtime.batch import ID_OK, SeqInput, build_batch, first_bad_id
 from runtime.config import get_model_config
@@ -265,7 +265,7 @@ class Engine:
             remote = _daemon_connector(daemon, daemon_token, namespace, num_blocks, device,
                                        prefetch_policy, prefetch_timeout_s, layerwise)
             engine_kwargs["connector"] = remote[1:]
-        host = next((t for t in lower_tiers if isinstance(t, HostTier)), None)
+        host = next((t for t in lower_tiers if isinstance(t, SlabSlots)), None)
         if host is not None and "connector" not in engine_kwargs:
             engine_kwargs["connector"] = (
                 InProcessScheduler(store, namespace, num_blocks=num_blocks, host_tier=host.name),

@@ -3,10 +3,9 @@ dependency (lmdb, redis) is needed only by the deployments that use that tier.""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from kvstore.errors import UnknownComponent
+from kvstore.registry import Registry
 from kvstore.tiers.base import Tier
 
 if TYPE_CHECKING:
@@ -25,23 +24,12 @@ TIERS: dict[str, str] = {
 RECORD_TIERS = frozenset({"disk", "redis"})
 
 
+REGISTRY: Registry[Tier] = Registry("tier kind", "tier kinds", Tier, TIERS)
+
+
 def tier_class(kind: str) -> type[Tier]:
-    try:
-        path = TIERS[kind]
-    except KeyError:
-        raise UnknownComponent(
-            f"unknown tier kind {kind!r}", hint=f"known tier kinds: {sorted(TIERS)}"
-        ) from None
-    module, _, name = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        # A configured tier that cannot load must stop the start, loudly.
-        raise UnknownComponent(
-            f"tier {kind!r} failed to import: {exc}",
-            hint=f"install the dependencies of the {kind} tier",
-        ) from exc
-    return cls  # type: ignore[no-any-return]
+    """The class of tier ``kind``: a registered kind or a ``package.module:Class`` path."""
+    return REGISTRY.resolve(kind)
 
 
 def make_tier(
@@ -58,4 +46,4 @@ def make_tier(
     return cls(cfg.name, layout, capacity_pages, metrics, **kwargs)
 
 
-__all__ = ["RECORD_TIERS", "TIERS", "Tier", "make_tier", "tier_class"]
+__all__ = ["RECORD_TIERS", "REGISTRY", "TIERS", "Tier", "make_tier", "tier_class"]

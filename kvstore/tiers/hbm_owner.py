@@ -17,22 +17,19 @@ owner may call back into the pool: ``delete``, ``read``, ``meta``, ``is_in_use``
   blocks in reverse order for the same reason).
 
 ``TieredStore`` is the owner in a tiered deployment (evicting by the tier's configured policy and
-writing victims back per the write policy). :class:`LocalOwner` is the owner of a pool that runs
-without a store — the runtime alone, or a test.
+writing victims back per the write policy). :class:`kvstore.local_owner.LocalOwner` is the owner
+of a pool that runs without a store — the runtime alone, or a test.
 
 This module imports no torch, so the store can import it to recognise pools.
 """
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import Protocol
 
 from kvstore.keys import BlockMeta
-from kvstore.policy import EvictionPolicy, make_policy
-from kvstore.tiers.base import Tier
 
 
 class PoolOwner(Protocol):
@@ -61,53 +58,4 @@ class OwnedPool(ABC):
         block stays with its requests and is freed when they release it."""
 
 
-class LocalOwner:
-    """The owner of a pool used without a store: evicts by an :class:`EvictionPolicy` of its own
-    and drops victims (there is no tier below to write them to).
-
-    It tracks the keys the engine commits (``on_commit``) and reuses (``on_hit``); pages written
-    through the tier API (``Tier.write``) are not tracked — in a store the store tracks those.
-    Keys deleted behind its back stay tracked until chosen, when their ``delete`` is a no-op.
-    Thread-safe (one lock around the policy; never held while calling the pool).
-    """
-
-    def __init__(self, pool: Tier, policy: EvictionPolicy | str = "lru") -> None:
-        if not isinstance(pool, OwnedPool):
-            raise TypeError(f"LocalOwner needs an OwnedPool tier, got {type(pool).__name__}")
-        self.pool = pool
-        if isinstance(policy, str):
-            policy = make_policy(policy, pool.capacity_pages)
-        self.policy = policy
-        self._lock = threading.Lock()
-        #: Every victim chosen so far, in order (for tests and debugging).
-        self.evicted: list[bytes] = []
-
-    def reclaim(self, num_blocks: int) -> int:
-        is_in_use = self.pool.is_in_use
-        freed = 0
-        while freed < num_blocks:
-            with self._lock:
-                # the policy was fed only 16-byte keys (on_commit), so it returns only those
-                victims = cast(list[bytes], self.policy.evict(num_blocks - freed, is_in_use))
-                self.evicted.extend(victims)
-            if not victims:
-                break
-            before = self.pool.free_pages
-            # A victim deleted behind our back (stale) or just taken by a request frees nothing;
-            # the loop then asks the policy for the next one.
-            self.pool.count_eviction(self.pool.delete(victims))
-            freed += max(0, self.pool.free_pages - before)
-        return freed
-
-    def on_commit(self, metas: Sequence[BlockMeta]) -> None:
-        with self._lock:
-            for m in metas:
-                self.policy.insert(m.key, m.parent)
-
-    def on_hit(self, keys: Sequence[bytes]) -> None:
-        with self._lock:
-            for k in keys:
-                self.policy.access(k)
-
-
-__all__ = ["LocalOwner", "OwnedPool", "PoolOwner"]
+__all__ = ["OwnedPool", "PoolOwner"]

@@ -7,9 +7,7 @@
 
 from __future__ import annotations
 
-import importlib
-
-from kvstore.errors import UnknownComponent
+from kvstore.registry import Registry
 from runtime.attention.base import AttentionBackend
 
 #: Registry name -> ``module:Class``. Modules are imported on first use only.
@@ -17,6 +15,9 @@ BACKENDS: dict[str, str] = {
     "torch_ref": "runtime.attention.torch_ref:TorchRefBackend",
     "sdpa": "runtime.attention.sdpa:SDPABackend",
 }
+
+REGISTRY: Registry[AttentionBackend] = Registry("attention backend", "backends",
+                                                AttentionBackend, BACKENDS)
 
 __all__ = [
     "BACKENDS",
@@ -40,18 +41,9 @@ def available_backends() -> list[str]:
 def make_attention_backend(name: str) -> AttentionBackend:
     """Build the backend registered as ``name``.
 
-    Raises :class:`~kvstore.errors.UnknownComponent` listing the known names for an unknown one.
-    A registered backend whose module fails to import raises that error as is (a broken install
-    must stop the start, not fall back silently).
+    ``name``: a registered name or a ``package.module:Class`` path. Raises
+    :class:`~kvstore.errors.UnknownComponent` listing the known names for an unknown one, and for
+    a registered backend whose module fails to import (a broken install must stop the start).
     """
-    path = BACKENDS.get(name) if isinstance(name, str) else None
-    if path is None:
-        raise UnknownComponent(
-            f"unknown attention backend {name!r}; known backends: "
-            f"{', '.join(available_backends())}",
-            hint="set the attention backend to one of the known names",
-        )
-    module_name, _, attr = path.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    backend: AttentionBackend = cls()
+    backend: AttentionBackend = REGISTRY.resolve(name)()
     return backend

@@ -19,7 +19,7 @@ from kvstore import (
 )
 from kvstore.tiers import tier_class
 from kvstore.tiers.hbm import CommitResult, HBMTier
-from kvstore.tiers.hbm_owner import LocalOwner
+from kvstore.local_owner import LocalOwner
 from kvstore.tiers.host import HostTier
 from tests.conftest import random_pages
 

@@ -41,6 +41,42 @@ def test_connector_does_not_import_server_or_runtime() -> None:
     assert bad == {}
 
 
+def _module_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_tiers_know_nothing_of_policies() -> None:
+    """Tiers store bytes; whoever owns a tier (the store, a pool's owner) chooses victims."""
+    bad = {
+        str(p.relative_to(ROOT)): sorted(m for m in _module_imports(p) if m.startswith("kvstore.policy"))
+        for p in (ROOT / "kvstore" / "tiers").rglob("*.py")
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+#: what the runtime may take from kvstore.tiers: its own pool, the tier seam, and the host tier
+#: its demo stages through; disk and Redis reach it only through configuration (kvstore.build)
+RUNTIME_TIERS = {"kvstore.tiers.base", "kvstore.tiers.hbm", "kvstore.tiers.hbm_owner",
+                 "kvstore.tiers.slab", "kvstore.tiers.host"}
+
+
+def test_runtime_reaches_tiers_only_through_the_seams() -> None:
+    bad = {
+        str(p.relative_to(ROOT)): sorted(
+            m for m in _module_imports(p)
+            if m.startswith("kvstore.tiers") and m not in RUNTIME_TIERS)
+        for p in (ROOT / "runtime").rglob("*.py")
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
 def test_public_surface() -> None:
     assert set(kvstore.__all__) == {
         "FORMAT_VERSION", "BlockChain", "BlockMeta", "ConfigError", "EvictionPolicy", "GetResult",
