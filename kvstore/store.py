@@ -47,20 +47,22 @@ import numpy as np
 
 from kvstore.bandwidth import BandwidthMeter
 from kvstore.buffers import aligned_pages, page_views
+from kvstore.checks import check_count, check_metas, check_namespace
 from kvstore.errors import InvalidArgument, LeaseError, StoreClosed
 from kvstore.events import Listener, Listeners
-from kvstore.keys import KEY_BYTES, BlockMeta
+from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
 from kvstore.metrics import Metrics
+from kvstore.mover import Mover
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
+from kvstore.staging_path import StagingPath
 from kvstore.tiers.base import Tier, check_keys
 from kvstore.tiers.hbm_owner import OwnedPool
-from kvstore.tiers.slab import SlabSlots
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kvstore.store")
 
 WritePolicy = Literal["write_through", "write_back", "selective"]
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "selective")
@@ -69,7 +71,7 @@ COPY_REASONS = ("write_through", "write_back", "selective", "promote", "promote_
 MAX_BACKGROUND = 64
 
 
-class TieredStore:
+class TieredStore(StagingPath):
     def __init__(
         self,
         layout: KVLayout,
@@ -97,8 +99,8 @@ class TieredStore:
             raise InvalidArgument(
                 f"unknown write policy {write_policy!r}", hint=f"use one of {list(WRITE_POLICIES)}"
             )
-        _check_count("selective_hits", selective_hits, 1)
-        _check_count("prefetch_workers", prefetch_workers, 1)
+        check_count("selective_hits", selective_hits, 1)
+        check_count("prefetch_workers", prefetch_workers, 1)
         specs: Sequence[EvictionPolicy | str] = policies or ["lru"] * len(tiers)
         if len(specs) != len(tiers):
             raise InvalidArgument(f"{len(tiers)} tiers but {len(specs)} policies")
@@ -127,8 +129,7 @@ class TieredStore:
         self._closed = False
         self._listeners = Listeners()
         self._executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
-        self._mover = ThreadPoolExecutor(1, thread_name_prefix="kvstore-mover")
-        self._moving: set[Future[Any]] = set()
+        self._mover = Mover()
         self._m_lookup_hit = self.metrics.lookups.labels("hit")
         self._m_lookup_miss = self.metrics.lookups.labels("miss")
         # Warm tiers (a disk index reopened after a restart) seed their policies.
@@ -246,7 +247,7 @@ class TieredStore:
         """
         self._check_open()
         ti = self._tier_index(tier)
-        _check_metas(metas, self.layout)
+        check_metas(metas, self.layout)
         views = page_views(pages, self.layout, len(metas), writable=False)
         return self._store_into(ti, list(metas), views)
 
@@ -438,7 +439,7 @@ class TieredStore:
                     self._leases.release(lease)  # raises, naming the problem
         try:
             check_keys(keys)
-            _check_namespace(namespace_id)
+            check_namespace(namespace_id)
             views = page_views(out, self.layout, len(keys), writable=True)
             return self._get(namespace_id, list(keys), views)
         finally:
@@ -474,7 +475,7 @@ class TieredStore:
         if not pairs:
             return
         top = self.tiers[0].name
-        if len(self._moving) >= MAX_BACKGROUND:
+        if len(self._mover) >= MAX_BACKGROUND:
             self.metrics.copies.labels("promote_skipped", top).inc(len(pairs))
             return
         bufs = _scratch(len(pairs), self.layout.page_bytes)
@@ -523,220 +524,13 @@ class TieredStore:
 
     def _background(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the mover thread (in submission order)."""
-        if self._closed:
-            return
-        fut = self._mover.submit(self._guarded, fn, *args)
-        with self._lock:
-            self._moving.add(fut)
-        fut.add_done_callback(self._moved)
-
-    def _moved(self, fut: Future[Any]) -> None:
-        with self._lock:
-            self._moving.discard(fut)
-
-    @staticmethod
-    def _guarded(fn: Callable[..., Any], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001 - a background copy that fails loses a copy, no more
-            log.exception("background copy %s failed", getattr(fn, "__name__", fn))
+        if not self._closed:
+            self._mover.submit(fn, *args)
 
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until the background copies queued so far (promotions, ``selective`` and
         write-through copies down) have run. Returns False if ``timeout_s`` passed first."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                pending = list(self._moving)
-            if not pending:
-                return True
-            for fut in pending:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    fut.result(timeout=left)
-                except TimeoutError:
-                    return False
-                except Exception:  # noqa: BLE001 - logged by _guarded
-                    pass
-
-    # ----------------------------------------------------------------- staging path
-
-    def staging_tier(self, name: str | None = None) -> SlabSlots:
-        """The tier loads and saves stage through: ``name``, or the fastest tier with page slots
-        in one slab (the host tier). Raises InvalidArgument if there is none or ``name`` is
-        another kind of tier."""
-        self._check_open()
-        if name is None:
-            for tier in self.tiers:
-                if isinstance(tier, SlabSlots):
-                    return tier
-            raise InvalidArgument(
-                "no tier of this store keeps its pages in a slab",
-                hint="add a host tier: loads and saves stage through it",
-            )
-        tier = self.tiers[self._tier_index(name)]
-        if not isinstance(tier, SlabSlots):
-            raise InvalidArgument(
-                f"tier {name!r} is a {type(tier).__name__}, not a tier with slab slots",
-                hint="name the store's host tier",
-            )
-        return tier
-
-    def prepare_load(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        *,
-        lease: Lease | None = None,
-        tier: str | None = None,
-    ) -> LoadHandle:
-        """Pin the leading ``keys`` that the staging tier (``tier``, default the host tier)
-        holds under ``namespace_id``, for a copy straight out of its slab.
-
-        Mutates: pins each returned slot (its bytes stay until :meth:`complete_load`, even if
-        the key is deleted or replaced meanwhile); counts the pinned pages as the tier's read
-        hits (and their bytes) and the rest as misses; touches the tier's policy for each hit
-        and counts ``selective`` hits (a page reaching ``selective_hits`` is copied down in the
-        background). ``lease`` (from :meth:`lookup`) rides along and is released by
-        :meth:`complete_load`. Pages below the staging tier are not fetched: prefetch them first.
-
-        Raises InvalidArgument (malformed keys or namespace id, another store's lease, no slab
-        tier) and StoreClosed, changing nothing. A handle does not expire: its pins hold until
-        :meth:`complete_load` (only a lease expires, which leaves the pins in place).
-        """
-        self._check_open()
-        check_keys(keys)
-        _check_namespace(namespace_id)
-        if lease is not None and (not isinstance(lease, Lease) or lease.owner != self._leases.owner):
-            raise InvalidArgument("prepare_load was given another store's lease",
-                                  hint="pass the lease of this store's lookup")
-        slab_tier = self.staging_tier(tier)
-        t = cast(Tier, slab_tier)
-        ti = self._by_name[t.name]
-        slots = slab_tier.pin_leading(list(keys), namespace_id)
-        n = len(slots)
-        t.count_reads(n, len(keys) - n)
-        handle = LoadHandle(next(self._handle_ids), self._leases.owner, t.name, namespace_id,
-                            tuple(keys[:n]), tuple(slots), lease, slab_tier.slab)
-        with self._lock:
-            self._loads[handle.id] = handle
-        self._after_read(ti, list(keys[:n]), [])
-        return handle
-
-    def complete_load(self, handle: LoadHandle) -> int:
-        """End a load: unpin the handle's slots and release its lease (an expired lease is no
-        error). Returns how many leading pages of the handle were valid while pinned -- all of
-        them: a pinned slot keeps its bytes. Raises LeaseError for a handle that is unknown or
-        already completed, InvalidArgument for another store's handle."""
-        held = self._pop_handle(self._loads, handle, "load")
-        cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
-        if held.lease is not None:
-            try:
-                with self._lock:
-                    self._leases.release(held.lease)
-            except LeaseError:
-                pass  # expired: the pins kept the bytes anyway
-        return held.num_blocks
-
-    def prepare_store(self, metas: Sequence[BlockMeta], *, tier: str | None = None) -> StoreHandle:
-        """Reserve staging-tier slots (``tier``, default the host tier) for the pages of
-        ``metas``, to be written straight into the slab.
-
-        Pages the tier already holds, or that another open handle is writing, are not reserved
-        (``existing``; each counts as an access). Room is made by the tier's policy: victims are
-        chosen under the store lock and written back (``write_back``) and deleted outside it,
-        so this call may take as long as a write-back. ``refused`` counts pages no room could be
-        made for (everything evictable pinned). Reserved slots are invisible to readers and
-        nobody else's until :meth:`complete_store` publishes them or :meth:`abort` frees them;
-        they do not expire (a writer that dies must be aborted by whoever tracked it: the
-        daemon aborts a disconnected client's handles).
-
-        Raises InvalidArgument (malformed identities, no slab tier) and StoreClosed, changing
-        nothing.
-        """
-        self._check_open()
-        _check_metas(metas, self.layout)
-        slab_tier = self.staging_tier(tier)
-        t = cast(Tier, slab_tier)
-        ti = self._by_name[t.name]
-        policy = self.policies[ti]
-        metas = list(metas)
-        present = t.contains([m.key for m in metas]) if metas else []
-        new: list[BlockMeta] = []
-        with self._lock:
-            writing, seen = self._writing[ti], set()
-            for meta, here in zip(metas, present):
-                if here or meta.key in writing or meta.key in seen:
-                    policy.access(meta.key)
-                    continue
-                seen.add(meta.key)
-                new.append(meta)
-            new = new[: t.capacity_pages]
-            victims, claim = self._claim(ti, len(new))
-            writing.update(m.key for m in new[:claim])
-        if victims:
-            kept = self._retire(ti, victims, claim)
-            if kept < claim:
-                with self._lock:
-                    writing.difference_update(m.key for m in new[kept:claim])
-            claim = kept
-        slots = slab_tier.reserve(claim)
-        if len(slots) < claim:  # physically short (pages still being read): give the rest up
-            with self._lock:
-                self._claimed[ti] -= claim - len(slots)
-                writing.difference_update(m.key for m in new[len(slots):claim])
-        got = tuple(new[: len(slots)])
-        handle = StoreHandle(next(self._handle_ids), self._leases.owner, t.name, got,
-                             tuple(slots), len(metas) - len(new), len(new) - len(got),
-                             slab_tier.slab)
-        t.count_writes(0, handle.refused)
-        with self._lock:
-            self._stores[handle.id] = handle
-        return handle
-
-    def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
-        """Publish the handle's slots under their keys (``ok``: every byte of each was written),
-        admit them to the tier's policy and apply write-through; with ``ok=False`` it is
-        :meth:`abort`. Returns what was stored. Raises LeaseError for a handle that is unknown
-        or already completed, InvalidArgument for another store's handle."""
-        if not ok:
-            self.abort(handle)
-            return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
-        held = self._pop_handle(self._stores, handle, "store")
-        ti = self._by_name[held.tier]
-        t = self.tiers[ti]
-        cast(SlabSlots, t).publish(held.slots, held.metas)
-        t.count_writes(held.num_blocks)
-        with self._lock:
-            self._claimed[ti] -= held.num_blocks
-            self._writing[ti].difference_update(m.key for m in held.metas)
-        self._admit(ti, held.metas)
-        if self.write_policy == "write_through" and held.metas and ti + 1 < len(self.tiers):
-            views = [held.slab[s] for s in held.slots]
-            self.metrics.copies.labels("write_through", self.tiers[ti + 1].name).inc(len(views))
-            self._store_into(ti + 1, list(held.metas), views)
-        return PutResult(held.num_blocks, held.existing, held.refused)
-
-    def abort(self, handle: StoreHandle) -> None:
-        """Free the handle's reserved slots unpublished (nothing of it becomes visible). Raises
-        LeaseError for a handle that is unknown or already completed."""
-        held = self._pop_handle(self._stores, handle, "store")
-        ti = self._by_name[held.tier]
-        cast(SlabSlots, self.tiers[ti]).unreserve(held.slots)
-        with self._lock:
-            self._claimed[ti] -= held.num_blocks
-            self._writing[ti].difference_update(m.key for m in held.metas)
-
-    def _pop_handle(self, table: dict[int, Any], handle: Any, kind: str) -> Any:
-        if not isinstance(handle, (LoadHandle, StoreHandle)):
-            raise InvalidArgument(f"expected a {kind} handle, got {type(handle).__name__}")
-        if handle.owner != self._leases.owner:
-            raise InvalidArgument(f"{kind} handle {handle.id} was issued by another store")
-        with self._lock:
-            held = table.pop(handle.id, None)
-        if held is None:
-            raise LeaseError(f"{kind} handle {handle.id} is unknown or already completed")
-        return held
+        return self._mover.drain(timeout_s)
 
     # ----------------------------------------------------------------- read bandwidth
 
@@ -762,7 +556,7 @@ class TieredStore:
         background. The future yields how many leading keys ``to`` holds when done."""
         self._check_open()
         check_keys(keys)
-        _check_namespace(namespace_id)
+        check_namespace(namespace_id)
         ti = self._tier_index(to)
         keys = list(keys)
         return self._executor.submit(self._prefetch, namespace_id, keys, ti)
@@ -838,7 +632,7 @@ class TieredStore:
         """Evict up to ``n`` pages from ``tier`` by its policy (write-back applies, outside the
         store lock). Returns how many pages left the tier."""
         self._check_open()
-        _check_count("n", n, 0)
+        check_count("n", n, 0)
         ti = self._tier_index(tier)
         with self._lock:
             victims = self._choose_victims(ti, n)
@@ -906,7 +700,7 @@ class TieredStore:
         self.drain()
         self._closed = True
         self._executor.shutdown(wait=True)
-        self._mover.shutdown(wait=True)
+        self._mover.close()
         for t in self.tiers:
             if isinstance(t, OwnedPool):
                 t.attach(None)
@@ -957,40 +751,3 @@ class _PoolOwner:
 def _scratch(n: int, page_bytes: int) -> list[np.ndarray]:
     # 4 KiB aligned, so copies through a disk tier need no bounce buffer
     return list(aligned_pages(n, page_bytes))
-
-
-def _check_count(name: str, value: object, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise InvalidArgument(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def _check_namespace(namespace_id: object) -> None:
-    if not isinstance(namespace_id, bytes) or len(namespace_id) != KEY_BYTES:
-        raise InvalidArgument(
-            f"namespace id must be {KEY_BYTES} bytes, got {namespace_id!r:.60}",
-            hint="pass Namespace.id",
-        )
-
-
-def _check_metas(metas: Sequence[BlockMeta], layout: KVLayout) -> None:
-    if isinstance(metas, (bytes, str)) or not isinstance(metas, Sequence):
-        raise InvalidArgument(
-            f"block identities must be a list or tuple of BlockMeta, got {type(metas).__name__}",
-            hint="use BlockChain.metas()",
-        )
-    for m in metas:
-        if not isinstance(m, BlockMeta):
-            raise InvalidArgument(
-                f"put takes BlockMeta identities, got {type(m).__name__}",
-                hint="use BlockChain.metas()",
-            )
-        if len(m.token_ids) != 4 * layout.block_size or len(m.key) != KEY_BYTES:
-            raise InvalidArgument(
-                f"block {m.key.hex()} has {len(m.token_ids) // 4} tokens; layout block_size is "
-                f"{layout.block_size}"
-            )
-        if not m.verify_chain():
-            raise InvalidArgument(
-                f"block {m.key.hex()}: key does not hash from its parent and tokens",
-                hint="build identities with Namespace.chain(); never edit BlockMeta by hand",
-            )
