@@ -79,7 +79,7 @@ def _ms(x: float | None) -> str:
 def render(st: dict[str, Any]) -> Group:
     tiers = Table(title="tiers", title_justify="left")
     for col in ("tier", "policy", "used / capacity", "hit 1m", "hit 15m", "hits",
-                "misses (absent/corrupt/timeout)", "in", "out", "evicted", "errors",
+                "miss a/c/t", "in", "out", "evicted", "errors",
                 "read p50/p99 ms"):
         tiers.add_column(col, justify="left" if col in ("tier", "policy") else "right")
     for t in st["tiers"]:
