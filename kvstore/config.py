@@ -258,7 +258,7 @@ class ConnectorConfig(_Strict):
 #: The shortest deployment secret accepted, in bytes (kvstore.record.MIN_SECRET_BYTES).
 _MIN_SECRET_BYTES = 16
 #: Fields whose values are never echoed in an error message.
-_SECRET_FIELDS = frozenset({"secret", "password"})
+_SECRET_FIELDS = frozenset({"secret", "password", "token"})
 
 
 class SecurityConfig(_Strict):
@@ -331,6 +331,16 @@ class DaemonConfig(_Strict):
         return self
 
 
+class AdminConfig(_Strict):
+    """The admin REST API and dashboard of ``kvstore serve`` (``server.admin``). It runs when
+    ``token`` is set (``KVSTORE_ADMIN__TOKEN``); every route but ``/healthz`` needs it."""
+
+    listen: str = Field("127.0.0.1:8470", pattern=r"^\[?[0-9A-Za-z.:-]+\]?:[0-9]{1,5}$",
+                        description="host:port; loopback unless you set another address")
+    token: SecretStr | None = Field(None, description="bearer token of the admin API (never printed)")
+    sample_interval_s: PositiveFloat = Field(2.0, le=60, description="stats sampling period")
+
+
 class KVStoreConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -344,6 +354,7 @@ class KVStoreConfig(BaseSettings):
     connector: ConnectorConfig = ConnectorConfig()
     security: SecurityConfig = SecurityConfig()
     daemon: DaemonConfig = DaemonConfig()
+    admin: AdminConfig = AdminConfig()
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:

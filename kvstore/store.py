@@ -642,6 +642,27 @@ class TieredStore(StagingPath):
         self._retire(ti, victims)
         return max(0, before - self.tiers[ti].used_pages)
 
+    def set_policy(self, tier: str, spec: str) -> EvictionPolicy:
+        """Switch ``tier``'s eviction policy at run time to a new one built from ``spec`` (a
+        registered name or an import path, see :func:`kvstore.policy.make_policy`). The new
+        policy starts with every key the old one tracks (as inserts, in the old one's
+        iteration order: recency and frequency history are not carried over). The tier's pages
+        are not touched. Raises InvalidArgument / UnknownComponent before anything changes."""
+        self._check_open()
+        ti = self._tier_index(tier)
+        t = self.tiers[ti]
+        policy = make_policy(spec, t.capacity_pages)
+        with self._lock:
+            keys = cast("list[bytes]", list(self.policies[ti]))
+        # parents (a lineage policy needs them) outside the lock: a shared tier's meta is I/O
+        parents = {k: m.parent if (m := t.meta(k)) is not None else None for k in keys}
+        with self._lock:
+            for k in cast("list[bytes]", list(self.policies[ti])):  # keys admitted meanwhile too
+                if len(policy) < policy.capacity:
+                    policy.insert(k, parents.get(k))
+            self.policies[ti] = policy
+        return policy
+
     # ----------------------------------------------------------------- introspection
 
     def stats(self) -> StoreStats:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 import kvstore
 from kvstore import KVStoreError, load_config
+from server.cli_admin import register as register_admin_commands
 from server.cli_errors import ReportingGroup
 
 app = typer.Typer(
@@ -126,6 +127,9 @@ def show_config(config: ConfigOpt = None) -> None:
     """Validate the configuration and print it with every default filled in (sizes with their
     binary unit, secrets masked)."""
     console.print_json(load_config(config).model_dump_json())
+
+
+register_admin_commands(app)  # kvstore stats, kvstore flush
 
 
 if __name__ == "__main__":

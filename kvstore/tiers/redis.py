@@ -96,7 +96,7 @@ import numpy as np
 from redis.crc import key_slot
 
 from kvstore.errors import RecordError, TierUnavailable
-from kvstore.keys import BlockMeta
+from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import (
@@ -111,6 +111,7 @@ from kvstore.record import (
 from kvstore.tiers.base import Tier
 from kvstore.tiers.redis_breaker import CircuitBreaker
 from kvstore.tiers.redis_pool import (
+    NET_ERRORS,
     Exchange,
     ServerPool,
     ServerStats,
@@ -428,6 +429,57 @@ class RedisTier(Tier):
         with self._lock:
             pools = list(self._pools.values())
         return [p.stats() for p in pools]
+
+    def ping(self) -> bool:
+        """Whether every server answers now (one EXISTS through the tier's own path, bounded by
+        ``timeout_s``; an open breaker answers False at once). For readiness checks."""
+        self._check_open()
+        name = self._prefix + b"ping"
+
+        def handle(io: RespIO, i: int) -> bool:
+            reply = io.read_flag()
+            return isinstance(reply, ReplyError) and self._is_moved(reply)
+
+        try:
+            self._call("contains", [name], lambda i: (command(b"EXISTS", name),), handle)
+        except TierUnavailable:
+            return False
+        return True
+
+    def scan_keys(self, count: int = 1000) -> Iterator[bytes]:
+        """Every page key under this tier's ``key_prefix`` on every server (a cluster's
+        primaries), written by any node: SCAN, ``count`` names per step. For operations that
+        must reach pages this node did not write (flushing a namespace); not for hot paths.
+        Raises TierUnavailable when a server does not answer."""
+        self._check_open()
+        if self._single is not None:
+            servers = [self._connect.seeds[0]]
+        else:
+            servers = [(n.host, int(n.port)) for n in self._cluster.get_primaries()]
+        match = self._prefix + b"*"
+        for host, port in servers:
+            conn = self._connect.connection(host, port)
+            conn.socket_connect_timeout = self.connect_timeout_s
+            conn.socket_timeout = self.timeout_s
+            try:
+                cursor = b"0"
+                while True:
+                    conn.send_command("SCAN", cursor, "MATCH", match, "COUNT", count)
+                    cursor, names = conn.read_response()
+                    for n in names:
+                        hexkey = n[len(self._prefix):]
+                        if len(hexkey) == 2 * KEY_BYTES:
+                            with contextlib.suppress(ValueError):
+                                yield bytes.fromhex(hexkey.decode("ascii", "replace"))
+                    if cursor in (b"0", 0, "0"):
+                        break
+            except NET_ERRORS as exc:
+                raise TierUnavailable(
+                    f"redis tier {self.name!r}: {host}:{port} failed during SCAN: "
+                    f"{type(exc).__name__}",
+                    hint="check the redis servers, or retry") from None
+            finally:
+                conn.disconnect()
 
     # ----------------------------------------------------------------- the call
 

@@ -32,6 +32,8 @@ from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError
+from server.admin import AdminServer, NamespaceDefaults, serve_admin
+from server.admin.server import is_loopback, split_listen
 from server.daemon.service import DaemonService, Limits
 from server.daemon.servicer import Servicer, TokenAuth
 
@@ -77,10 +79,13 @@ class Daemon:
     slab: shm.SharedSlab
     socket_path: Path
     stopping: threading.Event
+    admin: AdminServer | None = None
 
     def stop(self) -> None:
         self.health.enter_graceful_shutdown()
         self.stopping.set()
+        if self.admin is not None:
+            self.admin.stop()
         self.service.close()  # sessions end: handles completed/aborted, streams return
         grace = self.cfg.daemon.drain_timeout_s
         for ev in [s.stop(grace) for s in self.servers]:
@@ -162,7 +167,28 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("shared memory /dev/shm/%s: %d pages of %d bytes in tier %r", slab.name, pages,
              layout.page_bytes, host_name)
-    return Daemon(cfg, service, servers, hs, slab, sock, stopping)
+    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping)
+    try:
+        daemon.admin = _serve_admin(cfg, store)
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon
+
+
+def _serve_admin(cfg: KVStoreConfig, store: Any) -> AdminServer | None:
+    acfg = cfg.admin
+    if acfg.token is None or not acfg.token.get_secret_value():
+        log.info("admin API off (set admin.token or KVSTORE_ADMIN__TOKEN to serve it)")
+        return None
+    host, port = split_listen(acfg.listen)
+    secret = cfg.security.secret_bytes()
+    admin = serve_admin(store, host, port, acfg.token.get_secret_value(),
+                        namespace=NamespaceDefaults(cfg.model_id, cfg.tenant_salt, secret),
+                        sample_interval_s=acfg.sample_interval_s)
+    log.info("admin API and dashboard on %s (bearer token required%s)", admin.url,
+             "" if is_loopback(host) else "; NOT loopback: reachable from the network")
+    return admin
 
 
 def _claim_socket(path: Path) -> None:

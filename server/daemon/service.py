@@ -37,6 +37,7 @@ from typing import cast
 import numpy as np
 
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
+from kvstore.events import StoreEvent
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
@@ -96,6 +97,7 @@ class DaemonService:
         self.shm_name, self.shm_bytes = shm_name, shm_bytes
         self.limits = limits
         self.events = events or EventHub()
+        store.add_listener(self._on_store_event)
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._closing = False
@@ -316,10 +318,7 @@ class DaemonService:
     def complete_store(self, session_id: str, ns: bytes, handle_id: int, ok: bool) -> PutResult:
         s = self._session(session_id)
         handle = cast(StoreHandle, self._take(s, s.stores, handle_id, ns, "store handle"))
-        res = self.store.complete_store(handle, ok)
-        if ok:
-            self.events.publish(CacheEvent(ns, "stored", handle.tier, tuple(m.key for m in handle.metas)))
-        return res
+        return self.store.complete_store(handle, ok)
 
     def abort(self, session_id: str, ns: bytes, handle_id: int) -> None:
         s = self._session(session_id)
@@ -346,8 +345,9 @@ class DaemonService:
                 raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
                                       "nothing was deleted")
         n = self.store.delete(keys)
-        for t in self.store.tiers:
-            self.events.publish(CacheEvent(ns, "removed", t.name, tuple(keys)))
+        for t in self.store.tiers:  # the store cannot tell a shared tier's namespaces: we can
+            if t.shared:
+                self.events.publish(CacheEvent(ns, "removed", t.name, tuple(keys)))
         return n
 
     def stats(self, check_integrity: bool = False) -> DaemonStats:
@@ -391,8 +391,21 @@ class DaemonService:
         keep = {m.key for m in ok}
         rows = [i for i, m in enumerate(metas) if m.key in keep]
         res = self.store.put(ok, pages[rows] if rows else pages[:0])
-        self.events.publish(CacheEvent(ns, "stored", self.store.tiers[0].name, tuple(m.key for m in ok)))
         return PutResult(res.stored, res.existing, res.refused + dropped)
+
+    # ----------------------------------------------------------------- events
+
+    def _on_store_event(self, ev: StoreEvent) -> None:
+        """The store's listener: every page stored or removed (evictions, write-through and
+        promotion copies included), published to the watchers of its namespace. Keys whose
+        namespace the store cannot tell cheaply (a shared tier's evictions) go to nobody: a
+        watcher never sees another namespace's keys."""
+        by_ns: dict[bytes, list[bytes]] = {}
+        for k, n in zip(ev.keys, ev.namespace_ids):
+            if n is not None:
+                by_ns.setdefault(n, []).append(k)
+        for n, keys in by_ns.items():
+            self.events.publish(CacheEvent(n, ev.kind, ev.tier, tuple(keys)))
 
     # ----------------------------------------------------------------- shutdown
 
@@ -403,6 +416,7 @@ class DaemonService:
             ids = list(self._sessions)
         for sid in ids:
             self.close_session(sid)
+        self.store.remove_listener(self._on_store_event)
         self.events.close()
 
 

@@ -1,0 +1,104 @@
+"""Counters over time: a background thread samples the store's metrics every ``interval_s``
+and keeps 15 minutes of samples, from which the admin API computes windowed hit rates and the
+dashboard's rates (bytes/s, evictions/s). Reads only the metrics registry and tier occupancy:
+never takes the store lock, never does tier I/O."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from kvstore.store import COPY_REASONS, TieredStore
+
+WINDOW_15M_S = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class TierSample:
+    hits: float
+    misses: float
+    bytes_in: float
+    bytes_out: float
+    evictions: float
+    used_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: float  # unix time
+    mono: float
+    tiers: dict[str, TierSample]
+    copies: dict[str, float]  # "reason->tier": pages
+    lookup_hit: float
+    lookup_miss: float
+
+
+def take(store: TieredStore) -> Sample:
+    v = store.metrics.value
+    tiers = {}
+    for t in store.tiers:
+        n = t.name
+        tiers[n] = TierSample(
+            v("kvstore_tier_pages_total", tier=n, op="read", result="hit"),
+            v("kvstore_tier_pages_total", tier=n, op="read", result="miss"),
+            v("kvstore_tier_bytes_total", tier=n, direction="in"),
+            v("kvstore_tier_bytes_total", tier=n, direction="out"),
+            v("kvstore_tier_evictions_total", tier=n),
+            t.used_pages,
+        )
+    copies = {f"{r}->{t.name}": v("kvstore_copies_total", reason=r, tier=t.name)
+              for r in COPY_REASONS for t in store.tiers}
+    return Sample(time.time(), time.monotonic(), tiers, copies,
+                  v("kvstore_lookup_blocks_total", result="hit"),
+                  v("kvstore_lookup_blocks_total", result="miss"))
+
+
+def ratio(hits: float, misses: float) -> float | None:
+    total = hits + misses
+    return hits / total if total > 0 else None
+
+
+class Sampler:
+    def __init__(self, store: TieredStore, interval_s: float = 2.0) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self._samples: deque[Sample] = deque(maxlen=math.ceil(WINDOW_15M_S / interval_s) + 2)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="kvstore-admin-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self.store.closed:
+                return
+            self.sample()
+
+    def sample(self) -> Sample:
+        s = take(self.store)
+        with self._lock:
+            self._samples.append(s)
+        return s
+
+    def samples(self) -> list[Sample]:
+        with self._lock:
+            return list(self._samples)
+
+    def since(self, now: Sample, window_s: float) -> Sample:
+        """The oldest sample within ``window_s`` before ``now`` (``now`` itself if none)."""
+        for s in self.samples():
+            if now.mono - s.mono <= window_s + self.interval_s / 2:
+                return s
+        return now

@@ -1,0 +1,218 @@
+"""The admin API's wire types: pydantic request and response models (the OpenAPI schema is
+built from them). No logic here; :mod:`.service` fills them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvstore.policy import POLICIES
+
+HexKey = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{32}$", description="16 bytes as 32 hex digits")]
+#: at most this many blocks (or 64 times as many tokens) in one lookup
+MAX_LOOKUP_BLOCKS = 1 << 16
+PolicyName = Literal[tuple(sorted(POLICIES))]  # type: ignore[valid-type]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorOut(_Out):
+    detail: str = Field(description="what was wrong")
+    hint: str = Field("", description="what to change")
+
+
+class Health(_Out):
+    status: Literal["ok"] = "ok"
+
+
+class Breaker(_Out):
+    server: str
+    state: Literal["closed", "open", "half_open"]
+    trips: int
+    failures: int
+
+
+class TierReadiness(_Out):
+    name: str
+    kind: str
+    ready: bool
+    detail: str = Field(description="why it is not ready; empty when it is")
+    breakers: list[Breaker] = Field(description="the Redis circuit breaker per server (Redis only)")
+
+
+class Readiness(_Out):
+    ready: bool
+    tiers: list[TierReadiness]
+
+
+class Misses(_Out):
+    """Pages a read did not return, by reason."""
+
+    absent: int = Field(description="no such page (never stored, evicted, or gone from a shared tier)")
+    corrupt: int = Field(description="records that failed verification: dropped, served as misses")
+    timeout: int = Field(description="read calls that failed whole (timeout, server unreachable, "
+                                     "breaker open): calls, not pages")
+    expired: int | None = Field(description="pages whose TTL ran out; null: the tier cannot tell "
+                                            "an expired page from an absent one")
+
+
+class Latency(_Out):
+    p50_s: float | None = Field(description="median batch latency since start (bucket estimate)")
+    p99_s: float | None
+    count: int
+
+
+class TierStatsOut(_Out):
+    name: str
+    kind: str
+    policy: str = Field(description="the eviction policy in force")
+    capacity_pages: int
+    used_pages: int
+    page_bytes: int
+    capacity_bytes: int
+    used_bytes: int
+    hits: int
+    misses: Misses
+    hit_rate_1m: float | None = Field(description="hits / reads over the last minute; null: no reads")
+    hit_rate_15m: float | None
+    bytes_in: int = Field(description="payload bytes written into the tier")
+    bytes_out: int = Field(description="payload bytes read out of the tier")
+    writes: int
+    writes_refused: int
+    deletes: int
+    evictions: int
+    errors: int
+    latency: dict[str, Latency] = Field(description="per operation: read, write, contains, delete")
+
+
+class NamespaceStats(_Out):
+    namespace_id: HexKey
+    label: str = Field(description="the configured namespace's model id, else empty")
+    pages: dict[str, int] = Field(description="pages held per local tier (shared tiers: not scanned)")
+    bytes: int
+    stored_pages: int = Field(description="pages stored into any tier since the admin API started")
+    removed_pages: int = Field(description="pages removed from local tiers since then")
+
+
+class StoreStatsOut(_Out):
+    lookup_hit_blocks: int
+    lookup_miss_blocks: int
+    lookup_hit_rate_1m: float | None
+    lookup_hit_rate_15m: float | None
+    declined_blocks: int = Field(description="matched blocks an in-process connector recomputed "
+                                             "instead of loading (load-or-recompute)")
+    loaded_blocks: int = Field(description="matched blocks below host a connector chose to load")
+    active_leases: int
+    copies_pages: dict[str, int] = Field(description="'reason->tier': pages copied into a tier")
+
+
+class Removal(_Out):
+    at: float = Field(description="unix time")
+    tier: str
+    pages: int
+    namespace_ids: list[HexKey] = Field(description="namespaces of the removed pages, where known")
+
+
+class StatsOut(_Out):
+    at: float = Field(description="unix time of the snapshot")
+    tiers: list[TierStatsOut]
+    store: StoreStatsOut
+    namespaces: list[NamespaceStats] = Field(description="by bytes held, largest first (at most 20)")
+    recent_removals: list[Removal] = Field(description="evictions and deletes, newest first")
+
+
+class TierPoint(_Out):
+    hit_rate: float | None
+    used_pages: int
+    bytes_in_per_s: float
+    bytes_out_per_s: float
+    evictions_per_s: float
+
+
+class HistoryPoint(_Out):
+    at: float
+    tiers: dict[str, TierPoint]
+    copies_bytes_per_s: dict[str, float] = Field(description="'reason->tier': bytes/s copied into a tier")
+    lookup_hit_rate: float | None
+
+
+class HistoryOut(_Out):
+    interval_s: float
+    points: list[HistoryPoint] = Field(description="oldest first, up to 15 minutes")
+
+
+class NamespaceIn(_In):
+    model_id: str | None = Field(None, min_length=1, max_length=1024,
+                                 description="default: the configured model_id")
+    tenant_salt: str | None = Field(None, max_length=1024,
+                                    description="default: the configured tenant_salt")
+
+
+class LookupIn(_In):
+    """Exactly one of ``token_ids`` (the prompt) and ``block_keys``. With token ids the keys are
+    computed in ``namespace`` (default: the configured one); with block keys, ``namespace_id``
+    (or ``namespace``) names whose pages count."""
+
+    token_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(
+        None, max_length=MAX_LOOKUP_BLOCKS * 64)
+    block_keys: list[HexKey] | None = Field(None, max_length=MAX_LOOKUP_BLOCKS)
+    namespace: NamespaceIn | None = None
+    namespace_id: HexKey | None = None
+
+
+class BlockWhere(_Out):
+    index: int
+    key: HexKey
+    tier: str | None = Field(description="the fastest tier that holds the page; null: none does")
+    loadable: bool = Field(description="part of the leading run a connector load gets")
+    reason: Literal["loadable", "absent", "after_miss"] = Field(
+        description="absent: no tier holds it under this namespace; after_miss: held, but an "
+                    "earlier block is absent, so a prefix load stops before it")
+
+
+class LookupOut(_Out):
+    namespace_id: HexKey
+    num_blocks: int
+    num_leading: int = Field(description="blocks a connector load of this prefix finds")
+    blocks: list[BlockWhere]
+
+
+class TierFlush(_Out):
+    tier: str
+    scanned: int
+    matched: int
+    deleted: int
+    done: bool
+
+
+class FlushOut(_Out):
+    id: int
+    namespace_id: HexKey
+    state: Literal["running", "done", "failed"]
+    error: str = ""
+    tiers: list[TierFlush]
+    deleted: int = Field(description="tier copies deleted, all tiers")
+
+
+class PolicyIn(_In):
+    policy: PolicyName = Field(description="a registered eviction policy (no import paths here)")
+
+
+class PolicyOut(_Out):
+    tier: str
+    policy: str
+    tracked_pages: int
+
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorOut, "description": what}
+    for code, what in ((400, "bad input"), (401, "missing or wrong token"),
+                       (404, "no such resource"), (503, "the store cannot serve"))
+}

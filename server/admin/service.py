@@ -1,0 +1,352 @@
+"""The admin API's domain layer over one :class:`~kvstore.store.TieredStore`: stats snapshots,
+readiness, where-is lookups, namespace flushes (as jobs with progress) and policy switches. It
+returns the wire models of :mod:`.schemas` but knows nothing of HTTP; the routers translate.
+
+Everything goes through the store's public API (``lookup``, ``delete``, ``set_policy``,
+``tier(...).contains/keys/meta``), so a flush updates the policies and emits events like any
+delete. Nothing here holds a lock during tier I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kvstore.errors import InvalidArgument, KVStoreError, LeaseError
+from kvstore.keys import Namespace
+from kvstore.metrics import TierStats
+from kvstore.policy import POLICIES, EvictionPolicy
+from kvstore.store import TieredStore
+from kvstore.tiers.base import Tier
+from kvstore.tiers.redis import RedisTier
+from server.admin import schemas as s
+from server.admin.events import EventBroker
+from server.admin.sampler import WINDOW_15M_S, Sample, Sampler, ratio
+
+#: keys deleted per store call during a flush (progress is reported between calls)
+FLUSH_BATCH = 256
+_LAT_OPS = ("read", "write", "contains", "delete")
+_TOP_NAMESPACES = 20
+_JOBS_KEPT = 32
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceDefaults:
+    """The configured namespace: what lookups by token ids use unless told otherwise."""
+
+    model_id: str = "default"
+    tenant_salt: str = ""
+    secret: bytes | None = field(default=None, repr=False)
+
+
+@dataclass
+class _Flush:
+    id: int
+    namespace_id: bytes
+    tiers: dict[str, list[int]]  # tier -> [scanned, matched, deleted, done]
+    state: str = "running"
+    error: str = ""
+
+    def out(self) -> s.FlushOut:
+        tiers = [s.TierFlush(tier=n, scanned=v[0], matched=v[1], deleted=v[2], done=bool(v[3]))
+                 for n, v in self.tiers.items()]
+        return s.FlushOut(id=self.id, namespace_id=self.namespace_id.hex(),
+                          state=self.state, error=self.error, tiers=tiers,  # type: ignore[arg-type]
+                          deleted=sum(t.deleted for t in tiers))
+
+
+class AdminService:
+    def __init__(self, store: TieredStore, *, namespace: NamespaceDefaults = NamespaceDefaults(),
+                 sample_interval_s: float = 2.0) -> None:
+        self.store = store
+        self.defaults = namespace
+        self.sampler = Sampler(store, sample_interval_s)
+        self.events = EventBroker(store)
+        self._flushes: dict[int, _Flush] = {}
+        self._flush_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvstore-admin-flush")
+        self._futures: dict[int, Future[None]] = {}
+        self._ns_cache: tuple[float, dict[bytes, dict[str, int]]] = (0.0, {})
+
+    def start(self) -> None:
+        self.sampler.start()
+
+    def close(self) -> None:
+        self.sampler.stop()
+        self.events.close()
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    # ----------------------------------------------------------------- health
+
+    def readiness(self) -> s.Readiness:
+        out = []
+        for t in self.store.tiers:
+            ready, detail, breakers = not t.closed, "" if not t.closed else "closed", []
+            if isinstance(t, RedisTier) and ready:
+                if not t.ping():
+                    ready, detail = False, "a server did not answer within timeout_s"
+                breakers = [s.Breaker(server=b.server, state=b.breaker, trips=b.trips,
+                                      failures=b.failures) for b in t.server_stats()]
+                if any(b.state == "open" for b in breakers):
+                    ready, detail = False, detail or "a server's circuit breaker is open"
+            out.append(s.TierReadiness(name=t.name, kind=t.kind, ready=ready, detail=detail,
+                                       breakers=breakers))
+        return s.Readiness(ready=all(t.ready for t in out) and not self.store.closed, tiers=out)
+
+    # ----------------------------------------------------------------- stats
+
+    def stats(self) -> s.StatsOut:
+        st = self.store.stats()
+        now = self.sampler.sample()
+        m1 = self.sampler.since(now, 60.0)
+        m15 = self.sampler.since(now, WINDOW_15M_S)
+        lat = self._latencies()
+        tiers = [self._tier_stats(t, ts, now, m1, m15, lat.get(t.name, {}))
+                 for t, ts in zip(self.store.tiers, st.tiers)]
+        v = self.store.metrics.value
+        store = s.StoreStatsOut(
+            lookup_hit_blocks=st.lookup_hit_blocks, lookup_miss_blocks=st.lookup_miss_blocks,
+            lookup_hit_rate_1m=ratio(now.lookup_hit - m1.lookup_hit, now.lookup_miss - m1.lookup_miss),
+            lookup_hit_rate_15m=ratio(now.lookup_hit - m15.lookup_hit,
+                                      now.lookup_miss - m15.lookup_miss),
+            declined_blocks=int(v("kvstore_connector_decisions_total", decision="recompute")),
+            loaded_blocks=int(v("kvstore_connector_decisions_total", decision="load")),
+            active_leases=st.active_leases, copies_pages=dict(st.copies))
+        removals = [s.Removal(at=r.at, tier=r.tier, pages=r.pages,
+                              namespace_ids=[n.hex() for n in r.namespace_ids])
+                    for r in list(self.events.recent)]
+        return s.StatsOut(at=now.at, tiers=tiers, store=store, namespaces=self.namespaces(),
+                          recent_removals=removals)
+
+    def _tier_stats(self, t: Tier, ts: TierStats, now: Sample, m1: Sample, m15: Sample,
+                    lat: dict[str, s.Latency]) -> s.TierStatsOut:
+        def window(old: Sample) -> float | None:
+            a, b = now.tiers[t.name], old.tiers[t.name]
+            return ratio(a.hits - b.hits, a.misses - b.misses)
+
+        timeouts = int(self.store.metrics.value("kvstore_tier_errors_total", tier=t.name, op="read"))
+        misses = s.Misses(absent=max(0, ts.misses - ts.corrupt), corrupt=ts.corrupt,
+                          timeout=timeouts, expired=None)
+        return s.TierStatsOut(
+            name=t.name, kind=t.kind, policy=policy_name(self.store.policies[self.store.tiers.index(t)]),
+            capacity_pages=ts.capacity_pages, used_pages=ts.used_pages, page_bytes=ts.page_bytes,
+            capacity_bytes=ts.capacity_pages * ts.page_bytes, used_bytes=ts.used_pages * ts.page_bytes,
+            hits=ts.hits, misses=misses, hit_rate_1m=window(m1), hit_rate_15m=window(m15),
+            bytes_in=ts.bytes_written, bytes_out=ts.bytes_read, writes=ts.writes,
+            writes_refused=ts.writes_refused, deletes=ts.deletes, evictions=ts.evictions,
+            errors=ts.errors, latency=lat)
+
+    def _latencies(self) -> dict[str, dict[str, s.Latency]]:
+        """p50/p99 per tier and op from the latency histogram's cumulative buckets (linear
+        inside the bucket that holds the quantile)."""
+        buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for metric in self.store.metrics.latency.collect():
+            for smp in metric.samples:
+                if smp.name.endswith("_bucket"):
+                    key = (smp.labels["tier"], smp.labels["op"])
+                    buckets.setdefault(key, []).append((float(smp.labels["le"]), smp.value))
+        out: dict[str, dict[str, s.Latency]] = {}
+        for (tier, op), bs in buckets.items():
+            bs.sort()
+            total = bs[-1][1] if bs else 0
+            out.setdefault(tier, {})[op] = s.Latency(
+                p50_s=_quantile(bs, 0.5), p99_s=_quantile(bs, 0.99), count=int(total))
+        return out
+
+    def history(self) -> s.HistoryOut:
+        page = self.store.layout.page_bytes
+        points = []
+        samples = self.sampler.samples()
+        for a, b in itertools.pairwise(samples):
+            dt = max(b.mono - a.mono, 1e-9)
+            tiers = {n: s.TierPoint(
+                hit_rate=ratio(tb.hits - ta.hits, tb.misses - ta.misses), used_pages=tb.used_pages,
+                bytes_in_per_s=(tb.bytes_in - ta.bytes_in) / dt,
+                bytes_out_per_s=(tb.bytes_out - ta.bytes_out) / dt,
+                evictions_per_s=(tb.evictions - ta.evictions) / dt)
+                for n, tb in b.tiers.items() if (ta := a.tiers.get(n)) is not None}
+            copies = {k: (c - a.copies.get(k, 0.0)) * page / dt for k, c in b.copies.items()}
+            points.append(s.HistoryPoint(
+                at=b.at, tiers=tiers, copies_bytes_per_s={k: x for k, x in copies.items() if x},
+                lookup_hit_rate=ratio(b.lookup_hit - a.lookup_hit, b.lookup_miss - a.lookup_miss)))
+        return s.HistoryOut(interval_s=self.sampler.interval_s, points=points)
+
+    def namespaces(self) -> list[s.NamespaceStats]:
+        """Pages per namespace in each local tier (a scan of the tiers' indexes, at most once
+        per sample interval), largest first."""
+        at, held = self._ns_cache
+        if time.monotonic() - at >= self.sampler.interval_s:
+            held = {}
+            for t in self.store.tiers:
+                if t.shared:
+                    continue
+                for k in list(t.keys()):
+                    meta = t.meta(k)
+                    if meta is not None:
+                        per = held.setdefault(meta.namespace_id, {})
+                        per[t.name] = per.get(t.name, 0) + 1
+            self._ns_cache = (time.monotonic(), held)
+        page = self.store.layout.page_bytes
+        mine = self._default_namespace().id
+        rows = [s.NamespaceStats(
+            namespace_id=ns.hex(), label=self.defaults.model_id if ns == mine else "", pages=per,
+            bytes=sum(per.values()) * page, stored_pages=self.events.stored.get(ns, 0),
+            removed_pages=self.events.removed.get(ns, 0)) for ns, per in held.items()]
+        rows.sort(key=lambda r: (-r.bytes, r.namespace_id))
+        return rows[:_TOP_NAMESPACES]
+
+    # ----------------------------------------------------------------- lookup
+
+    def _default_namespace(self, model_id: str | None = None, salt: str | None = None) -> Namespace:
+        d = self.defaults
+        return Namespace(model_id if model_id is not None else d.model_id, self.store.layout,
+                         salt if salt is not None else d.tenant_salt, d.secret)
+
+    def lookup(self, req: s.LookupIn) -> s.LookupOut:
+        if (req.token_ids is None) == (req.block_keys is None):
+            raise InvalidArgument("give exactly one of token_ids and block_keys")
+        if req.namespace is not None and req.namespace_id is not None:
+            raise InvalidArgument("give at most one of namespace and namespace_id")
+        if req.namespace_id is not None:
+            if req.token_ids is not None:
+                raise InvalidArgument("token_ids need a namespace (model_id, tenant_salt), "
+                                      "not a namespace_id: keys are computed from its seed")
+            ns_id = bytes.fromhex(req.namespace_id)
+            keys = [bytes.fromhex(k) for k in req.block_keys or []]
+        else:
+            n = req.namespace or s.NamespaceIn()
+            ns = self._default_namespace(n.model_id, n.tenant_salt)
+            ns_id = ns.id
+            if req.token_ids is not None:
+                keys = list(ns.chain(req.token_ids).keys)
+            else:
+                keys = [bytes.fromhex(k) for k in req.block_keys or []]
+        where = self._where(ns_id, keys)
+        leading = self.store.lookup(keys).num_blocks if keys else 0
+        # a page held under another namespace is not this namespace's: the load would miss it
+        leading = next((i for i, w in enumerate(where[:leading]) if w is None), leading)
+        blocks = []
+        for i, (k, tier) in enumerate(zip(keys, where)):
+            reason = "loadable" if i < leading else ("absent" if tier is None else "after_miss")
+            blocks.append(s.BlockWhere(index=i, key=k.hex(), tier=tier, loadable=i < leading,
+                                       reason=reason))  # type: ignore[arg-type]
+        return s.LookupOut(namespace_id=ns_id.hex(), num_blocks=len(keys), num_leading=leading,
+                           blocks=blocks)
+
+    def _where(self, ns: bytes, keys: list[bytes]) -> list[str | None]:
+        """The fastest tier holding each key under ``ns`` (a local tier's index tells the
+        namespace; a shared tier's record header does, one read each)."""
+        where: list[str | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        for t in self.store.tiers:
+            if not todo:
+                break
+            present = t.contains([keys[i] for i in todo])
+            left = []
+            for i, here in zip(todo, present):
+                meta = t.meta(keys[i]) if here else None
+                if meta is not None and meta.namespace_id == ns:
+                    where[i] = t.name
+                else:
+                    left.append(i)
+            todo = left
+        return where
+
+    # ----------------------------------------------------------------- flush
+
+    def start_flush(self, namespace_id: bytes) -> s.FlushOut:
+        """Delete every page of ``namespace_id`` from every tier (Redis: every node's pages
+        under the tier's key prefix, found by SCAN), in the background; progress per tier in
+        :meth:`flush_status`."""
+        job = _Flush(next(self._flush_ids), namespace_id,
+                     {t.name: [0, 0, 0, 0] for t in self.store.tiers})
+        with self._lock:
+            self._flushes[job.id] = job
+            for old in sorted(self._flushes)[:-_JOBS_KEPT]:
+                if self._flushes[old].state != "running":
+                    del self._flushes[old]
+                    self._futures.pop(old, None)
+            self._futures[job.id] = self._worker.submit(self._flush, job)
+        return job.out()
+
+    def wait_flush(self, job_id: int) -> s.FlushOut:
+        with self._lock:
+            fut = self._futures.get(job_id)
+        if fut is not None:
+            fut.result()
+        return self.flush_status(job_id)
+
+    def flush_status(self, job_id: int) -> s.FlushOut:
+        with self._lock:
+            job = self._flushes.get(job_id)
+        if job is None:
+            raise LeaseError(f"flush {job_id} is unknown (or old enough to be forgotten)",
+                             hint="start one with DELETE /v1/namespaces/{id}")
+        return job.out()
+
+    def _flush(self, job: _Flush) -> None:
+        try:
+            for t in self.store.tiers:
+                progress = job.tiers[t.name]
+                batch: list[bytes] = []
+                for k in self._scan(t):
+                    progress[0] += 1
+                    meta = t.meta(k)
+                    if meta is None or meta.namespace_id != job.namespace_id:
+                        continue
+                    progress[1] += 1
+                    batch.append(k)
+                    if len(batch) >= FLUSH_BATCH:
+                        self._delete(job, batch)
+                        batch = []
+                if batch:
+                    self._delete(job, batch)
+                progress[3] = 1
+            job.state = "done"
+        except KVStoreError as exc:
+            job.state, job.error = "failed", exc.message
+        except Exception as exc:  # noqa: BLE001 - reported in the job, the API keeps serving
+            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+
+    def _scan(self, t: Tier) -> Iterator[bytes]:
+        if isinstance(t, RedisTier):  # every node's pages, not only this node's
+            return t.scan_keys()
+        return iter(list(t.keys()))
+
+    def _delete(self, job: _Flush, keys: list[bytes]) -> None:
+        """Delete through the store (policies, events, every tier), counting each tier's copies."""
+        for t in self.store.tiers:
+            job.tiers[t.name][2] += sum(t.contains(keys))
+        self.store.delete(keys)
+
+    # ----------------------------------------------------------------- policy
+
+    def set_policy(self, tier: str, policy: str) -> s.PolicyOut:
+        p = self.store.set_policy(tier, policy)
+        return s.PolicyOut(tier=tier, policy=policy_name(p), tracked_pages=len(p))
+
+
+def policy_name(policy: EvictionPolicy) -> str:
+    """The registry name of a policy, else its import path."""
+    path = f"{type(policy).__module__}:{type(policy).__name__}"
+    return next((n for n, p in POLICIES.items() if p == path), path)
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    target = q * buckets[-1][1]
+    lo_le, lo_n = 0.0, 0.0
+    for le, n in buckets:
+        if n >= target:
+            if le == float("inf"):
+                return lo_le
+            span = n - lo_n
+            return lo_le + (le - lo_le) * ((target - lo_n) / span if span else 1.0)
+        lo_le, lo_n = le, n
+    return lo_le

@@ -1,0 +1,105 @@
+"""The admin API on a live daemon: stats after real traffic, Prometheus text that
+prometheus-client's own parser reads, readiness, a policy switch, bad input answered with a
+4xx naming the problem, and server-sent events of stored and removed pages."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from connector.daemon.client import DaemonStore
+from tests.admin.conftest import AdminDaemon, namespace, pages
+
+NS = namespace()
+
+
+def load(d: AdminDaemon, n_blocks: int = 8, seed: int = 1) -> list[bytes]:
+    chain = NS.chain(list(range(seed * 1000, seed * 1000 + n_blocks * 16)))
+    with DaemonStore(d.target, NS.id) as s:
+        assert s.write_pages(chain.metas(), pages(n_blocks, seed)).stored == n_blocks
+        out = pages(n_blocks, 0)
+        assert s.read_pages(list(chain.keys), out) == n_blocks
+    return list(chain.keys)
+
+
+def test_stats_metrics_and_readiness(admin_daemon: AdminDaemon, api: httpx.Client) -> None:
+    load(admin_daemon)
+    st = api.get("/v1/stats").json()
+    host, disk = st["tiers"]
+    assert (host["name"], host["used_pages"], host["policy"]) == ("host", 8, "lru")
+    assert disk["used_pages"] == 8 and disk["bytes_in"] == 8 * host["page_bytes"]
+    assert host["hits"] == 8 and host["hit_rate_1m"] == 1.0 and host["hit_rate_15m"] == 1.0
+    assert host["latency"]["read"]["count"] >= 1 and host["latency"]["read"]["p50_s"] > 0
+    assert set(host["misses"]) == {"absent", "corrupt", "timeout", "expired"}
+    (row,) = st["namespaces"]
+    assert row["namespace_id"] == NS.id.hex() and row["label"] == "test"
+    assert row["pages"] == {"host": 8, "disk": 8} and row["stored_pages"] == 16
+
+    r = api.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    pages_read = {(s.labels["tier"], s.labels["result"]): s.value
+                  for s in families["kvstore_tier_pages"].samples
+                  if s.name.endswith("_total") and s.labels["op"] == "read"}
+    assert pages_read[("host", "hit")] == 8
+    assert {s.labels["tier"] for s in families["kvstore_tier_occupancy_pages"].samples} == {"host", "disk"}
+
+    ready = api.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+
+
+def test_policy_switch_and_bad_input(admin_daemon: AdminDaemon, api: httpx.Client) -> None:
+    load(admin_daemon)
+    r = api.post("/v1/tiers/host/policy", json={"policy": "s3fifo"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"tier": "host", "policy": "s3fifo", "tracked_pages": 8}
+    assert api.get("/v1/stats").json()["tiers"][0]["policy"] == "s3fifo"
+    r = api.post("/v1/tiers/nvme/policy", json={"policy": "lru"})
+    assert r.status_code == 400 and "no tier named 'nvme'" in r.json()["detail"]
+    r = api.post("/v1/tiers/host/policy", json={"policy": "os:system"})  # no import paths
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "policy"]
+    r = api.post("/v1/lookup", json={"token_ids": [1] * 16, "block_keys": ["00" * 16]})
+    assert r.status_code == 400 and "exactly one of token_ids and block_keys" in r.json()["detail"]
+    r = api.post("/v1/lookup", json={"block_keys": ["xyz"]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "block_keys", 0]
+    r = api.delete("/v1/namespaces/not-hex")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "namespace_id"]
+    r = api.get("/v1/flushes/99")
+    assert r.status_code == 409 and "flush 99 is unknown" in r.json()["detail"]
+    assert api.get("/v1/stats").json()["tiers"][0]["used_pages"] == 8  # nothing changed
+
+
+def test_events_stream_stored_and_removed_pages(admin_daemon: AdminDaemon,
+                                                api: httpx.Client) -> None:
+    got: list[tuple[str, dict]] = []
+    opened = threading.Event()
+
+    def listen() -> None:
+        with api.stream("GET", "/v1/events", params={"namespace_id": NS.id.hex()}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            kind = ""
+            for line in r.iter_lines():
+                opened.set()
+                if line.startswith("event: "):
+                    kind = line[len("event: "):]
+                elif line.startswith("data: "):
+                    got.append((kind, json.loads(line[len("data: "):])))
+                    if kind == "removed" and len(got) >= 3:
+                        return
+
+    t = threading.Thread(target=listen)
+    t.start()
+    assert opened.wait(30)
+    keys = load(admin_daemon, 4)
+    with DaemonStore(admin_daemon.target, NS.id) as s:
+        s.delete(keys)
+    t.join(60)
+    assert not t.is_alive()
+    stored = [d for k, d in got if k == "stored"]
+    assert {d["tier"] for d in stored} == {"host", "disk"}  # write-through: both tiers
+    assert all(set(d["namespace_ids"]) == {NS.id.hex()} for d in stored)
+    removed = [d for k, d in got if k == "removed"]
+    assert removed and set(removed[0]["keys"]) == {k.hex() for k in keys}

@@ -1,0 +1,85 @@
+"""Every route of the admin app but /healthz refuses a missing or wrong token, on the live port
+of a real daemon; the token is never echoed or logged."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from kvstore import KVLayout, Metrics, TieredStore
+from kvstore.tiers.host import HostTier
+from server.admin import app_for
+from tests.admin.conftest import TOKEN, AdminDaemon
+
+PATH_VALUES = {"namespace_id": "00" * 16, "job_id": "1", "name": "host"}
+
+
+def every_route() -> list[tuple[str, str]]:
+    """(method, path) of every route the admin app has, its path parameters filled in."""
+    layout = KVLayout(1, 1, 8, 4, "float16")
+    store = TieredStore(layout, [HostTier("host", layout, 4, Metrics())])
+    app = app_for(store, "unused")
+    out = []
+    for route in flatten(app.routes):
+        path = re.sub(r"\{(\w+)\}", lambda m: PATH_VALUES[m[1]], route.path)
+        for method in sorted(route.methods - {"HEAD"}):
+            out.append((method, path))
+    store.close()
+    return out
+
+
+def flatten(routes: list[Any], prefix: str = "") -> Iterator[APIRoute]:
+    """The app's routes, those of included routers too (newer FastAPI keeps an included router
+    as one entry that holds the original router)."""
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            yield from flatten(inner.routes, prefix + r.include_context.prefix)
+        elif hasattr(r, "methods"):
+            yield r if not prefix else APIRoute(prefix + r.path, r.endpoint, methods=r.methods)
+        else:
+            raise AssertionError(f"a route the test cannot list: {r!r}")
+
+
+ROUTES = every_route()
+
+
+def test_the_route_list_covers_the_api() -> None:
+    paths = {p for _, p in ROUTES}
+    assert {"/healthz", "/readyz", "/v1/stats", "/metrics", "/v1/lookup", "/v1/events", "/",
+            f"/v1/namespaces/{'00' * 16}", "/v1/tiers/host/policy", "/openapi.json",
+            "/docs"} <= paths
+
+
+def basic(password: str) -> str:
+    return "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
+
+
+WRONG = [None, "Bearer wrong", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", basic("wrong"),
+         f"Token {TOKEN}", "Basic !!!notbase64"]
+
+
+def test_every_route_but_healthz_refuses_a_missing_or_wrong_token(
+        admin_daemon: AdminDaemon) -> None:
+    with httpx.Client(base_url=admin_daemon.url, timeout=30) as c:
+        for method, path in ROUTES:
+            for auth in WRONG:
+                headers = {"Authorization": auth} if auth else {}
+                r = c.request(method, path, headers=headers, json={"policy": "lru"})
+                if path == "/healthz":
+                    assert r.status_code == 200, (method, path)
+                    continue
+                assert r.status_code == 401, (method, path, auth, r.status_code)
+                assert "missing or wrong token" in r.json()["detail"]
+                assert TOKEN not in r.text
+                assert r.headers["www-authenticate"].startswith("Basic")
+        # the right token, as a bearer token or as HTTP Basic's password (a browser), opens them
+        for auth in (f"Bearer {TOKEN}", basic(TOKEN)):
+            assert c.get("/v1/stats", headers={"Authorization": auth}).status_code == 200
+    assert TOKEN not in admin_daemon.log()
