@@ -298,15 +298,19 @@ class TieredStore(StagingPath):
         """Track pages just written to tier ``ti`` (their room was claimed)."""
         if not metas:
             return
-        policy = self.policies[ti]
+        tier, policy = self.tiers[ti], self.policies[ti]
         with self._lock:
+            if not tier.shared:
+                # an eviction may have taken a page between its write and now: track only what
+                # the tier still holds (a local index check)
+                metas = [m for m, held in zip(metas, tier.contains([m.key for m in metas])) if held]
             for meta in metas:
                 if meta.key in policy:
                     policy.access(meta.key)
                 elif len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
-        if self._listeners:
-            self._listeners.emit("stored", self.tiers[ti].name, [m.key for m in metas],
+        if self._listeners and metas:
+            self._listeners.emit("stored", tier.name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])
 
     def _claim(self, ti: int, n: int) -> tuple[list[bytes], int]:
