@@ -65,9 +65,13 @@ class LayoutConfig(_Strict):
     head_dim: PositiveInt = 128
     block_size: int = Field(16, ge=1, le=65535)
     dtype: DType = "bfloat16"
+    block_format: str = Field(
+        "", pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
+        description="an engine's block layout the pages hold (e.g. 'vllm-cpu'); '' is kvstore's")
 
     def build(self) -> KVLayout:
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size,
+                        self.dtype, self.block_format)
 
 
 def _check_policy(spec: str) -> str:
