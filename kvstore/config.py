@@ -396,6 +396,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "KVSTORE_SAVE_BLOCKS": "thread blocks of a save's copy_rows launch (tuning)",
     "KVSTORE_TORCH_SPEC": "scripts/bootstrap.sh: the torch requirement to install",
     "KVSTORE_SKIP_TORCH": "scripts/bootstrap.sh: 1 keeps the torch already in .venv",
+    "KVSTORE_WITH_VLLM": "scripts/bootstrap.sh: 1 installs vLLM's CPU build (tests/vllm)",
     "KVSTORE_GIT_COMMIT": "scripts/gpu.sh: the commit recorded with benchmark results",
     "KVSTORE_CRASH_CYCLES": "tests: kill cycles of the disk crash test",
     "KVSTORE_TEST_FULLFS": "tests: 'rlimit' forces that variant of the full-disk test",
