@@ -139,6 +139,12 @@ def layout_for(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple
 def load_kvstore_config(extra: Mapping[str, Any], layout: KVLayout, model_id: str) -> KVStoreConfig:
     """The kvstore configuration given in ``kv_connector_extra_config``: ``config_file`` and
     inline fields; the layout is vLLM's, the model id vLLM's unless the config names one."""
+    if "daemon" in extra:
+        raise ConfigError(
+            "kv_connector_extra_config.daemon: the vLLM connector does not run over the sidecar "
+            "daemon yet (a daemon session leases pages under one namespace, and each vLLM "
+            "request has its own: cache_salt, LoRA)",
+            hint="configure the tiers in-process (config_file or inline tiers)")
     unknown = set(extra) - _OWN_KEYS - _INLINE_KEYS
     if unknown:
         raise ConfigError(

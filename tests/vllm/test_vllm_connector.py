@@ -230,3 +230,17 @@ def test_a_vllm_layout_we_do_not_understand_is_refused(tiny_llama: str) -> None:
         assert generate(llm, [PROMPTS[0]], max_tokens=2)[0][0]
     finally:
         close_llm(llm)
+
+
+def test_extra_config_errors_name_the_problem() -> None:
+    from connector.vllm import load_kvstore_config
+    from kvstore.errors import ConfigError
+    from kvstore.layout import KVLayout
+
+    lay = KVLayout(2, 2, 32, BLOCK_SIZE, "float32", "vllm-cpu")
+    with pytest.raises(ConfigError, match="does not run over the sidecar daemon yet"):
+        load_kvstore_config({"daemon": "unix:///tmp/kvstore.sock"}, lay, "m")
+    with pytest.raises(ConfigError, match=r"unknown kv_connector_extra_config key\(s\) \['tier'\]"):
+        load_kvstore_config({"tier": []}, lay, "m")
+    cfg = load_kvstore_config({"tiers": [_host()], "tenant_salt": "t"}, lay, "my-model")
+    assert (cfg.model_id, cfg.tenant_salt, cfg.layout.build()) == ("my-model", "t", lay)
