@@ -72,7 +72,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from connector.base import ConnectorMetadata, ConnectorStats, KVCacheSpec
+from connector.base import ConnectorMetadata, ConnectorStats, KVCacheSpec, LoadSpec, SaveSpec
 from connector.build import build_connector
 from connector.inprocess import InProcessScheduler, InProcessWorker
 from kvstore.build import build_store
@@ -261,11 +261,12 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
-        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         if kv_cache_config is None:
             raise ConfigError("this vLLM passes no KVCacheConfig to KV connectors",
                               hint="use vLLM >= 0.32")
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         tcfg = vllm_config.kv_transfer_config
+        assert tcfg is not None  # the base class raised otherwise
         if getattr(tcfg, "kv_load_failure_policy", "recompute") != "recompute":
             raise ConfigError(
                 f"kv_load_failure_policy is {tcfg.kv_load_failure_policy!r}: a page that fails "
@@ -378,7 +379,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             st.block_ids = list(new.block_ids[0])
             self._plan_saves(st, new.num_computed_tokens, sched_tokens.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
-        resumed = getattr(cached, "resumed_req_ids", set())
+        resumed: set[str] = getattr(cached, "resumed_req_ids", set())
         for i, rid in enumerate(cached.req_ids):
             st = self._reqs.get(rid)
             if st is None or st.sched is None:
@@ -390,7 +391,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             elif new_ids is not None:
                 st.block_ids.extend(new_ids[0])
             self._plan_saves(st, cached.num_computed_tokens[i], sched_tokens.get(rid, 0))
-        loads, saves = [], []
+        loads: list[LoadSpec] = []
+        saves: list[SaveSpec] = []
         for sched in self._scheds.values():
             plan = sched.build_connector_meta()
             loads.extend(plan.loads)
