@@ -57,7 +57,7 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.results import Lease
 
-CacheLayout = Literal["page_first", "per_layer"]
+CacheLayout = Literal["page_first", "per_layer", "layer_blocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,16 @@ class KVCacheSpec:
     * ``per_layer`` — ``num_layers`` tensors ``[num_blocks, 2, block_size, num_kv_heads,
       head_dim]`` (vLLM's per-layer caches); block ``b``'s layer ``l`` is ``tensors[l][b]``.
 
+    * ``layer_blocks`` — ``num_layers`` tensors ``[num_blocks, *block_shape]`` whose blocks are
+      opaque: an engine's own per-layer block layout (``KVLayout.block_format`` names it, e.g.
+      vLLM's). Block ``b`` of layer ``l`` is ``tensors[l][b]``, which must be contiguous; the
+      tensors themselves may be strided views (the block stride larger than a block, as when
+      an engine interleaves layers in one allocation).
+
     Either way one block's one layer is a contiguous ``2 * block_size * num_kv_heads * head_dim``
     element slice, the same bytes as that layer's slice of a store page. Build with
-    :meth:`page_first` or :meth:`per_layer`; :meth:`validate` checks it against a layout.
+    :meth:`page_first`, :meth:`per_layer` or :meth:`layer_blocks`; :meth:`validate` checks it
+    against a layout.
     """
 
     layout: CacheLayout
@@ -85,6 +92,10 @@ class KVCacheSpec:
     def per_layer(cls, tensors: Sequence[torch.Tensor]) -> KVCacheSpec:
         return cls("per_layer", tuple(tensors))
 
+    @classmethod
+    def layer_blocks(cls, tensors: Sequence[torch.Tensor]) -> KVCacheSpec:
+        return cls("layer_blocks", tuple(tensors))
+
     @property
     def num_blocks(self) -> int:
         return int(self.tensors[0].shape[0]) if self.tensors else 0
@@ -97,6 +108,8 @@ class KVCacheSpec:
         if self.layout == "page_first":
             whole = self.tensors[0].view(n, -1).view(torch.uint8).view(n, L, -1)
             return [whole[:, lyr] for lyr in range(L)]
+        if self.layout == "layer_blocks":  # rows keep the tensor's block stride
+            return [t.flatten(1).view(torch.uint8) for t in self.tensors]
         return [t.view(n, -1).view(torch.uint8) for t in self.tensors]
 
     def validate(self, layout: KVLayout) -> None:
@@ -119,9 +132,19 @@ class KVCacheSpec:
                     hint="pass the model's per-layer caches in layer order",
                 )
             want = shape[1:]
+        elif self.layout == "layer_blocks":
+            if len(self.tensors) != layout.num_layers:
+                raise InvalidArgument(
+                    f"a layer_blocks KV cache needs {layout.num_layers} tensors (one per layer), "
+                    f"got {len(self.tensors)}",
+                    hint="pass the model's per-layer caches in layer order",
+                )
+            self._validate_blocks(layout)
+            return
         else:
             raise InvalidArgument(
-                f"unknown KV cache layout {self.layout!r}", hint="use 'page_first' or 'per_layer'"
+                f"unknown KV cache layout {self.layout!r}",
+                hint="use 'page_first', 'per_layer' or 'layer_blocks'",
             )
         nb: int | None = None
         for i, t in enumerate(self.tensors):
@@ -143,6 +166,38 @@ class KVCacheSpec:
                 )
             if not t.is_contiguous():
                 raise InvalidArgument(f"{what} is not contiguous", hint="register contiguous caches")
+            if nb is None:
+                nb = int(t.shape[0])
+            elif int(t.shape[0]) != nb:
+                raise InvalidArgument(f"{what} has {t.shape[0]} blocks, tensor 0 has {nb}")
+        if not nb:
+            raise InvalidArgument("the KV cache has no blocks")
+
+    def _validate_blocks(self, layout: KVLayout) -> None:
+        block_elems = 2 * layout.block_size * layout.num_kv_heads * layout.head_dim
+        nb: int | None = None
+        for i, t in enumerate(self.tensors):
+            what = f"KV cache tensor {i}"
+            if not isinstance(t, torch.Tensor):
+                raise InvalidArgument(f"{what} is a {type(t).__name__}, not a torch tensor")
+            if t.device.type not in ("cpu", "cuda") or t.device != self.tensors[0].device:
+                raise InvalidArgument(
+                    f"{what} is on {t.device} (tensor 0 on {self.tensors[0].device}); the "
+                    "connector copies the CPU or CUDA caches of one device")
+            if t.dtype != layout.torch_dtype:
+                raise InvalidArgument(f"{what} has dtype {t.dtype}, the store's layout {layout.dtype}")
+            if t.dim() < 2 or t[0].numel() != block_elems:
+                raise InvalidArgument(
+                    f"{what} has shape {tuple(t.shape)}: a block (dimension 0) of "
+                    f"{t[0].numel() if t.dim() >= 2 else 0} elements, expected {block_elems} "
+                    f"(2 x {layout.block_size} tokens x {layout.num_kv_heads} heads x "
+                    f"{layout.head_dim}) for {layout}")
+            if t.shape[0] and not t[0].is_contiguous():
+                raise InvalidArgument(
+                    f"{what} (shape {tuple(t.shape)}, strides {t.stride()}) does not hold each "
+                    "block contiguously", hint="register caches whose dimension 0 is the block")
+            if t.shape[0] > 1 and t.stride(0) < block_elems:
+                raise InvalidArgument(f"{what}'s blocks overlap (stride {t.stride(0)} < {block_elems})")
             if nb is None:
                 nb = int(t.shape[0])
             elif int(t.shape[0]) != nb:

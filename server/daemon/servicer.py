@@ -59,7 +59,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         self._layout = pb.Layout(
             num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
             head_dim=layout.head_dim, block_size=layout.block_size, dtype=layout.dtype,
-            page_bytes=layout.page_bytes)
+            page_bytes=layout.page_bytes, block_format=layout.block_format)
         self._tiers = [pb.TierInfo(name=t.name, kind=t.kind, capacity_pages=t.capacity_pages)
                        for t in service.store.tiers]
 

@@ -1,0 +1,182 @@
+"""vLLM time to first token with kvstore's connector, on the CPU with a tiny random-weight Llama,
+against vLLM without a connector and vLLM's own ``ExampleConnector`` -- all in one run.
+
+    python -m bench.vllm [--quick] [--json] [--record]
+
+One ``vllm.LLM`` (CPU backend, in this process, eager, block size 32) per variant, over the same
+checkpoint. TTFT is the wall time of ``LLM.generate([prompt], max_tokens=1)``, the best of the
+runs after one warm-up (the 2-core machines are shared: the minimum is the stable statistic); vLLM's own prefix cache is reset before every run, so a prefix can
+only come from the connector (and every run checks ``num_cached_tokens`` says it did).
+
+Cases (a prompt of ``N`` tokens: a shared prefix plus a short suffix that stays computed):
+
+* ``recompute``      -- vLLM without a connector, a new prompt every run: the baseline;
+* ``no reuse``       -- our connector, a new prompt every run (every block saved, nothing to
+                        load): its overhead against ``recompute`` (target <= 3 %);
+* ``host hit``       -- our connector, the same prompt again, its blocks in our host tier;
+* ``disk hit``       -- the same with host emptied before each run (loaded from disk);
+* ``ExampleConnector hit`` -- vLLM's ExampleConnector (one safetensors file per layer and
+                        prompt), the same prompt again: the peer. Target: host hit >= 3x its
+                        speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from bench.common import (  # noqa: E402
+    Measurement,
+    add_standard_args,
+    command_line,
+    emit_json,
+    measurement,
+    print_table,
+    record,
+)
+from bench.vllm_engines import (  # noqa: E402
+    BLOCK_SIZE,
+    close_llm,
+    engine_id,
+    example_transfer_config,
+    generate,
+    kvstore_transfer_config,
+    make_llm,
+    reset_prefix_cache,
+    write_tiny_llama,
+)
+
+BENCH = "vllm"
+
+
+def _prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def _ttft_s(llm: Any, prompts: Callable[[int], list[int]], runs: int, *,
+            want_cached: int | None, before: Callable[[], None] = lambda: None) -> float:
+    """Best TTFT of ``runs`` runs (after a warm-up run), vLLM's prefix cache reset before each;
+    ``want_cached``: what ``num_cached_tokens`` must be (None: not checked)."""
+    times = []
+    for i in range(runs + 1):
+        before()
+        reset_prefix_cache(llm)
+        t0 = time.perf_counter()
+        (_, cached), = generate(llm, [prompts(i)], max_tokens=1)
+        dt = time.perf_counter() - t0
+        if want_cached is not None and i > 0 and cached != want_cached:
+            raise RuntimeError(f"run {i}: vLLM reports {cached} cached tokens, expected {want_cached}")
+        if i:
+            times.append(dt)
+    return min(times)
+
+
+def run(quick: bool) -> list[Measurement]:
+    n_tokens = 1024 if quick else 4096
+    runs = 5 if quick else 9
+    tmp = Path(tempfile.mkdtemp(prefix="kvstore-bench-vllm-"))
+    model = write_tiny_llama(tmp / "model", num_layers=4, hidden=256)
+    rng = random.Random(0)
+    fresh = {i: _prompt(rng, n_tokens) for i in range(3 * (runs + 1))}  # new prompts
+    same = _prompt(rng, n_tokens)  # the reused prompt
+    hit = (n_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+    max_len = n_tokens + 64
+    ttft: dict[str, float] = {}
+
+    def stage(msg: str) -> None:
+        print(f"bench.vllm: {msg}", file=sys.stderr, flush=True)
+
+    stage("recompute (no connector)")
+    llm = make_llm(model, max_model_len=max_len)
+    try:
+        ttft["recompute"] = _ttft_s(llm, lambda i: fresh[i], runs, want_cached=0)
+    finally:
+        close_llm(llm)
+
+    stage("kvstore: no reuse, host hit, disk hit")
+    cfg = {"tiers": [{"kind": "host", "capacity": "1GiB"},
+                     {"kind": "disk", "capacity": "1GiB", "path": str(tmp / "disk"),
+                      "fsync": False}],
+           "store": {"write_policy": "write_through"}}
+    llm = make_llm(model, kvstore_transfer_config(cfg), max_model_len=max_len)
+    try:
+        from connector.vllm import engine_store
+
+        store = engine_store(engine_id(llm))
+        k = runs + 1
+        ttft["no reuse"] = _ttft_s(llm, lambda i: fresh[k + i], runs, want_cached=0,
+                                   before=store.drain)
+        generate(llm, [same], max_tokens=1)
+        store.drain()
+        ttft["host hit"] = _ttft_s(llm, lambda i: same, runs, want_cached=hit)
+
+        def empty_host() -> None:
+            store.drain()
+            store.evict(store.tier("host").used_pages, tier="host")
+
+        ttft["disk hit"] = _ttft_s(llm, lambda i: same, runs, want_cached=hit, before=empty_host)
+    finally:
+        close_llm(llm)
+
+    stage("ExampleConnector hit")
+    llm = make_llm(model, example_transfer_config(str(tmp / "example")), max_model_len=max_len)
+    try:
+        generate(llm, [same], max_tokens=1)
+        ttft["ExampleConnector hit"] = _ttft_s(llm, lambda i: same, runs, want_cached=hit)
+    finally:
+        close_llm(llm)
+
+    case = f"tiny-llama/{n_tokens}-tokens"
+    ms = {k: v * 1e3 for k, v in ttft.items()}
+    ex = "vLLM ExampleConnector hit"
+    return [
+        measurement(BENCH, case, "recompute (no connector)", "ttft", ms["recompute"], "ms"),
+        measurement(BENCH, case, "kvstore no reuse", "ttft", ms["no reuse"], "ms",
+                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
+                    higher_is_better=False),
+        measurement(BENCH, case, "kvstore host hit", "ttft", ms["host hit"], "ms",
+                    baseline=ex, baseline_value=ms["ExampleConnector hit"], higher_is_better=False),
+        measurement(BENCH, case, "kvstore disk hit", "ttft", ms["disk hit"], "ms",
+                    baseline=ex, baseline_value=ms["ExampleConnector hit"], higher_is_better=False),
+        measurement(BENCH, case, "kvstore host hit vs recompute", "ttft", ms["host hit"], "ms",
+                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
+                    higher_is_better=False),
+        measurement(BENCH, case, "ExampleConnector hit", "ttft", ms["ExampleConnector hit"], "ms",
+                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
+                    higher_is_better=False),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = add_standard_args(argparse.ArgumentParser(prog="python -m bench.vllm")).parse_args(argv)
+    lines = run(args.quick)
+    if args.json:
+        emit_json(lines)
+    else:
+        by = {m.variant: m for m in lines}
+        host, over = by["kvstore host hit"], by["kvstore no reuse"]
+        print_table(
+            ("case", "variant", "TTFT ms", "baseline", "baseline ms", "ratio"),
+            [(m.case, m.variant, m.value, m.baseline, m.baseline_value, m.ratio) for m in lines],
+            title="bench.vllm: vLLM TTFT (CPU, tiny Llama), ratio > 1 = faster than the baseline",
+            headline=f"headline: host hit {host.ratio:.2f}x ExampleConnector's hit (target >= 3); "
+            f"no-reuse overhead {(1 / over.ratio - 1) * 100:+.1f} % (target <= 3 %)"
+            if host.ratio and over.ratio else "headline: n/a",
+        )
+    if args.record:
+        print(f"recorded {record(BENCH, lines, command_line())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Building vLLM engines for ``bench.vllm`` and tests/vllm: a tiny Llama checkpoint, an ``LLM``
+with kvstore's connector (or vLLM's ExampleConnector, or none), greedy generation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 32  # the CPU attention backend refuses 16
+
+
+def write_tiny_llama(path: Path, *, num_layers: int = 2, hidden: int = 128, seed: int = 0) -> str:
+    """A random-weight Llama (2 layers, 4 heads of 32, 2 KV heads, vocabulary 512) saved by
+    transformers. ``initializer_range=0.2`` makes greedy output vary (not one token over and
+    over)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=num_layers, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=8192,
+                      initializer_range=0.2)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(str(path), safe_serialization=True)
+    return str(path)
+
+
+def kvstore_transfer_config(extra: dict[str, Any]) -> Any:
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(kv_connector="KVStoreConnector", kv_role="kv_both",
+                            kv_connector_module_path="connector.vllm",
+                            kv_load_failure_policy="recompute", kv_connector_extra_config=extra)
+
+
+def example_transfer_config(path: str) -> Any:
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both",
+                            kv_connector_extra_config={"shared_storage_path": path})
+
+
+def make_llm(model: str, transfer: Any = None, *, max_model_len: int = 4096) -> Any:
+    """A CPU ``vllm.LLM`` over ``model`` (token-id prompts, eager, block size 32)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    return LLM(model=model, skip_tokenizer_init=True, enforce_eager=True,
+               block_size=BLOCK_SIZE, dtype="float32", max_model_len=max_model_len,
+               kv_transfer_config=transfer, seed=0)
+
+
+def close_llm(llm: Any) -> None:
+    """Shut the engine down in this process (its connector closes its store)."""
+    llm.llm_engine.engine_core.shutdown()
+
+
+def engine_id(llm: Any) -> str:
+    return str(llm.llm_engine.vllm_config.kv_transfer_config.engine_id)
+
+
+def generate(llm: Any, prompts: list[list[int]], *, max_tokens: int = 8,
+             cache_salt: str | None = None) -> list[tuple[list[int], int]]:
+    """Greedy tokens and ``num_cached_tokens`` (vLLM's prefix-cache hits plus the tokens the
+    connector loaded) of each prompt."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    inputs: list[Any] = []
+    for p in prompts:
+        item: dict[str, Any] = {"prompt_token_ids": list(p)}
+        if cache_salt is not None:
+            item["cache_salt"] = cache_salt
+        inputs.append(item)
+    outs = llm.generate(inputs, sp, use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), int(o.num_cached_tokens or 0)) for o in outs]
+
+
+def reset_prefix_cache(llm: Any) -> None:
+    """Drop vLLM's own prefix cache, so that a prefix can come only from the connector."""
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM kept its prefix cache: blocks are still held")

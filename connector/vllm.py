@@ -1,0 +1,527 @@
+"""kvstore as a vLLM KV connector (``KVConnectorBase_V1``), loaded by vLLM through
+``kv_connector_module_path``::
+
+    KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"config_file": "/etc/kvstore.toml"})
+
+This is the only module of the package that imports vLLM (the optional extra ``kvstore[vllm]``).
+It adapts vLLM's calls to :class:`~connector.inprocess.InProcessScheduler` and
+:class:`~connector.inprocess.InProcessWorker`, which do the work through the store's staging
+path; nothing here touches a tier.
+
+Scheduler side (vLLM's scheduler thread; never waits for a copy)::
+
+    get_num_new_matched_tokens(request, n_local)  -> (tokens to load, load_async)
+        keys of request.all_token_ids in the request's namespace (below); a match from the host
+        tier loads synchronously in the next step, one from disk or Redis asynchronously
+        (vLLM parks the request until get_finished reports it in ``recving``)
+    update_state_after_alloc(request, blocks, n)  -- every scheduled request; n > 0 hands the
+        blocks after the local prefix (blocks[n_local/B : (n_local+n)/B]) to the match
+    build_connector_meta(scheduler_output)       -- per scheduled request, the blocks that become
+        full in this step: blocks [saved, (computed + scheduled) / B) are saved by this step's
+        save_kv_layer calls (their K/V is final once the layer's attention ran)
+    request_finished(request, block_ids)         -> (delay_free, None): delay while a save or an
+        async load of the request is in flight
+
+Worker side: ``register_kv_caches`` describes vLLM's per-layer caches to the transfer code as
+opaque blocks (:meth:`KVCacheSpec.layer_blocks`), ``start_load_kv`` / ``wait_for_layer_load`` /
+``save_kv_layer`` / ``wait_for_save`` / ``get_finished`` / ``get_block_ids_with_load_errors``
+map one to one onto the worker's calls, layer names onto layer indices (vLLM's model order).
+
+Page identity: a page holds one vLLM block of every layer, verbatim -- the engine's own block
+layout, which :class:`~kvstore.layout.KVLayout` names in ``block_format``:
+
+    ``vllm-cpu``  vLLM's CPU attention backend: per layer ``[num_blocks, num_kv_heads,
+                  block_size, 2 * head_size]``, K transposed inside a block.
+
+A cache of another shape (a GPU backend's ``[2, num_blocks, ...]``, say) is refused at
+``register_kv_caches``: its blocks are not contiguous per layer, or not laid out as the format
+says. The layout fingerprint, hence every key, differs from kvstore's own page layout's.
+
+Namespace of a request: the model (``model_id`` of the kvstore config, default vLLM's model
+name), ``@revision`` when vLLM was given one, ``+lora:<name>`` for a LoRA request, and the
+tenant salt of the config combined with the request's ``cache_salt`` -- two salts never share a
+page. Requests with multimodal inputs or prompt embeddings are skipped (no load, no save) and
+counted in :attr:`KVStoreVLLMStats.skipped_requests`.
+
+Configuration (``kv_connector_extra_config``): ``config_file`` -- a kvstore TOML/YAML file;
+any top-level field of :class:`~kvstore.config.KVStoreConfig` inline (``tiers``, ``store``,
+``connector``, ``security``, ``tenant_salt``, ``model_id``), overriding the file. The layout is
+vLLM's (it needs no configuring). The store lives in vLLM's engine process, shared by the
+scheduler side and the worker side (both run there when tensor and pipeline parallelism are 1;
+otherwise use the daemon).
+
+``kv_load_failure_policy`` must be ``"recompute"``: a page that fails its check is a miss, and
+vLLM recomputes those tokens; with ``"fail"`` vLLM would fail the request instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from connector.base import ConnectorMetadata, ConnectorStats, KVCacheSpec, LoadSpec, SaveSpec
+from connector.build import build_connector
+from connector.inprocess import InProcessScheduler, InProcessWorker
+from kvstore.build import build_store
+from kvstore.config import KVStoreConfig, load_config
+from kvstore.errors import ConfigError, InvalidArgument
+from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
+from kvstore.layout import KVLayout
+from kvstore.store import TieredStore
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("kvstore.vllm")
+
+#: vLLM block formats kvstore understands: name -> the per-layer block shape (after the block
+#: dimension) as a function of (num_kv_heads, block_size, head_size).
+BLOCK_FORMATS: dict[str, Any] = {
+    "vllm-cpu": lambda h, b, d: (h, b, 2 * d),
+}
+#: ``kv_connector_extra_config`` keys that are not kvstore configuration fields.
+_OWN_KEYS = frozenset({"config_file"})
+_INLINE_KEYS = frozenset({"tiers", "store", "connector", "security", "tenant_salt", "model_id"})
+
+
+def layout_for(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple[KVLayout, list[str]]:
+    """The page layout of this vLLM engine's KV cache, and its attention layers in model order.
+    Raises ConfigError for a cache kvstore cannot hold (several cache groups, MLA, sliding
+    window, a quantized cache) naming what it found."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ConfigError(
+            f"the vLLM model has {len(groups)} KV cache groups; kvstore's connector holds the "
+            "cache of models with one kind of full attention",
+            hint="use a model with full attention in every layer")
+    spec = groups[0].kv_cache_spec
+    if type(spec) is not FullAttentionSpec or isinstance(spec, MLAAttentionSpec) or getattr(
+            spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
+        raise ConfigError(
+            f"the vLLM KV cache spec is {type(spec).__name__} "
+            f"(sliding_window={getattr(spec, 'sliding_window', None)}); kvstore's connector "
+            "holds full-attention caches only")
+    head_v = getattr(spec, "head_size_v", None)
+    if head_v not in (None, spec.head_size):
+        raise ConfigError(f"K and V head sizes differ ({spec.head_size} vs {head_v})")
+    device = vllm_config.device_config.device_type
+    fmt = f"vllm-{device}"
+    dtype = str(spec.dtype).removeprefix("torch.")
+    try:
+        layout = KVLayout(len(groups[0].layer_names), spec.num_kv_heads, spec.head_size,
+                          spec.block_size, dtype, fmt)
+    except InvalidArgument as exc:
+        raise ConfigError(f"vLLM's KV cache cannot be described as pages: {exc.message}",
+                          hint=exc.hint) from None
+    return layout, list(groups[0].layer_names)
+
+
+def load_kvstore_config(extra: Mapping[str, Any], layout: KVLayout, model_id: str) -> KVStoreConfig:
+    """The kvstore configuration given in ``kv_connector_extra_config``: ``config_file`` and
+    inline fields; the layout is vLLM's, the model id vLLM's unless the config names one."""
+    if "daemon" in extra:
+        raise ConfigError(
+            "kv_connector_extra_config.daemon: the vLLM connector does not run over the sidecar "
+            "daemon yet (a daemon session leases pages under one namespace, and each vLLM "
+            "request has its own: cache_salt, LoRA)",
+            hint="configure the tiers in-process (config_file or inline tiers)")
+    unknown = set(extra) - _OWN_KEYS - _INLINE_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown kv_connector_extra_config key(s) {sorted(unknown)}",
+            hint=f"use {sorted(_OWN_KEYS | _INLINE_KEYS)}")
+    inline = {k: v for k, v in extra.items() if k in _INLINE_KEYS}
+    layout_cfg = {
+        "num_layers": layout.num_layers, "num_kv_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim, "block_size": layout.block_size, "dtype": layout.dtype,
+        "block_format": layout.block_format,
+    }
+    cfg = load_config(extra.get("config_file"), overrides={**inline, "layout": layout_cfg})
+    if "model_id" not in cfg.model_fields_set:
+        cfg = cfg.model_copy(update={"model_id": model_id})
+    return cfg
+
+
+@dataclass(frozen=True, slots=True)
+class KVStoreVLLMStats:
+    """What the connector did in this engine: ``matched_tokens`` offered to vLLM (by the tier
+    they were found in), ``skipped_requests`` by reason (``multimodal``, ``prompt_embeds``), and
+    the worker's :class:`ConnectorStats` (None before the worker side registered)."""
+
+    matched_tokens: dict[str, int]
+    skipped_requests: dict[str, int]
+    worker: ConnectorStats | None
+
+
+class _Engine:
+    """What one vLLM engine's two connector sides share in its process: the store, the
+    worker-side connector, the counters. Opened by the first side, closed by the last."""
+
+    def __init__(self, cfg: KVStoreConfig, store: TieredStore, num_blocks: int) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.num_blocks = num_blocks
+        _, self.worker = build_connector(cfg, store, num_blocks=num_blocks)
+        self.delayed: set[str] = set()  # requests whose blocks vLLM keeps until we say
+        self.matched: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()
+        self.users = 0
+
+    def stats(self) -> KVStoreVLLMStats:
+        return KVStoreVLLMStats(dict(self.matched), dict(self.skipped), self.worker.stats())
+
+
+_ENGINES: dict[str, _Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _attach(engine_id: str, make: Any) -> _Engine:
+    with _ENGINES_LOCK:
+        eng = _ENGINES.get(engine_id)
+        if eng is None:
+            eng = _ENGINES[engine_id] = make()
+        eng.users += 1
+        return eng
+
+
+def _detach(engine_id: str) -> None:
+    with _ENGINES_LOCK:
+        eng = _ENGINES.get(engine_id)
+        if eng is None:
+            return
+        eng.users -= 1
+        if eng.users > 0:
+            return
+        del _ENGINES[engine_id]
+    eng.worker.close()
+    eng.store.drain()
+    eng.store.close()
+
+
+def engine_store(engine_id: str) -> TieredStore:
+    """The store of the vLLM engine ``engine_id`` (its ``kv_transfer_config.engine_id``) in this
+    process, for admin tools and tests. Raises InvalidArgument when there is none."""
+    eng = _ENGINES.get(engine_id)
+    if eng is None:
+        raise InvalidArgument(f"no kvstore connector for vLLM engine {engine_id!r} in this process")
+    return eng.store
+
+
+def engine_stats(engine_id: str) -> KVStoreVLLMStats:
+    """The connector's counters for the vLLM engine ``engine_id`` in this process."""
+    eng = _ENGINES.get(engine_id)
+    if eng is None:
+        raise InvalidArgument(f"no kvstore connector for vLLM engine {engine_id!r} in this process")
+    return eng.stats()
+
+
+@dataclass(eq=False)
+class _Req:
+    """Scheduler-side state of one request the connector follows."""
+
+    request: Request
+    sched: InProcessScheduler
+    num_local: int = 0  # tokens vLLM's own prefix cache had at the last match
+    block_ids: list[int] = field(default_factory=list)
+    saved: int | None = None  # leading blocks saved (or already held) so far
+    keys: list[bytes] = field(default_factory=list)  # keys of the first len(keys) blocks
+    load_async: bool = False  # the last match loads across steps
+    receiving: bool = False  # an asynchronous load into its blocks was handed out, not reported
+
+
+@dataclass
+class KVStoreConnectorMetadata(KVConnectorMetadata):
+    """One step's plan, as the worker side binds it."""
+
+    plan: ConnectorMetadata
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    """kvstore's vLLM connector; see the module docstring."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        if kv_cache_config is None:
+            raise ConfigError("this vLLM passes no KVCacheConfig to KV connectors",
+                              hint="use vLLM >= 0.32")
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        tcfg = vllm_config.kv_transfer_config
+        assert tcfg is not None  # the base class raised otherwise
+        if getattr(tcfg, "kv_load_failure_policy", "recompute") != "recompute":
+            raise ConfigError(
+                f"kv_load_failure_policy is {tcfg.kv_load_failure_policy!r}: a page that fails "
+                "its check would fail the request instead of being recomputed",
+                hint='set kv_transfer_config.kv_load_failure_policy = "recompute"')
+        par = vllm_config.parallel_config
+        if par.world_size > 1:
+            raise ConfigError(
+                f"the in-process kvstore connector runs in vLLM's engine process; this engine "
+                f"has {par.world_size} workers (tensor x pipeline parallel)",
+                hint="run tensor_parallel_size=1 and pipeline_parallel_size=1")
+        self._layout, self._layer_names = layout_for(vllm_config, kv_cache_config)
+        self._layer_index = {n: i for i, n in enumerate(self._layer_names)}
+        self._block_size = self._layout.block_size
+        mc = vllm_config.model_config
+        extra = dict(tcfg.kv_connector_extra_config or {})
+        cfg = load_kvstore_config(extra, self._layout, str(mc.served_model_name or mc.model))
+        self._model_id = cfg.model_id + (f"@{mc.revision}" if mc.revision else "")
+        self._secret = cfg.security.secret_bytes()
+        self._tenant_salt = cfg.tenant_salt
+        self._engine_id = str(tcfg.engine_id)
+        num_blocks = int(kv_cache_config.num_blocks)
+        self._engine = _attach(self._engine_id, lambda: _Engine(cfg, build_store(cfg), num_blocks))
+        self._closed = False
+        # scheduler side
+        self._scheds: dict[bytes, InProcessScheduler] = {}
+        self._reqs: dict[str, _Req] = {}
+        self._host = self._engine.worker._host_name
+
+    # ================================================================ scheduler side
+
+    def _namespace(self, request: Request) -> Namespace:
+        model = self._model_id
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:
+            model += f"+lora:{lora.lora_name}"
+        salt = self._tenant_salt
+        cache_salt = getattr(request, "cache_salt", None)
+        if cache_salt is not None:  # length-prefixed: no two (tenant, cache) pairs collide
+            salt = f"{len(salt)}:{salt}|{cache_salt}"
+        return Namespace(model, self._layout, salt, self._secret)
+
+    def _scheduler(self, ns: Namespace) -> InProcessScheduler:
+        sched = self._scheds.get(ns.id)
+        if sched is None:
+            sched = self._scheds[ns.id] = InProcessScheduler(
+                self._engine.store, ns, num_blocks=self._engine.num_blocks, host_tier=self._host)
+        return sched
+
+    def _skip_reason(self, request: Request) -> str | None:
+        if getattr(request, "mm_features", None):
+            return "multimodal"
+        if request.prompt_token_ids is None:
+            return "prompt_embeds"
+        return None
+
+    def _state(self, request: Request) -> _Req | None:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            reason = self._skip_reason(request)
+            if reason is not None:
+                self._engine.skipped[reason] += 1
+                self._reqs[request.request_id] = st = _Req(request, None)  # type: ignore[arg-type]
+                return None
+            st = self._reqs[request.request_id] = _Req(
+                request, self._scheduler(self._namespace(request)))
+        return st if st.sched is not None else None
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        st = self._state(request)
+        B = self._block_size
+        if st is None or num_computed_tokens % B:
+            return 0, False
+        st.num_local = num_computed_tokens
+        m = st.sched.get_num_new_matched_tokens(
+            request.request_id, request.all_token_ids, num_computed_tokens)
+        for t in m.tiers:
+            self._engine.matched[t] += B
+        st.load_async = m.load_async
+        return m.num_tokens, m.load_async
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        st = self._state(request)
+        if st is None:
+            return
+        ids = list(blocks.get_block_ids()[0])
+        st.block_ids = ids  # every block of the request so far
+        if num_external_tokens <= 0:
+            return
+        B = self._block_size
+        first = st.num_local // B
+        st.sched.update_state_after_alloc(
+            request.request_id, ids[first:first + num_external_tokens // B], num_external_tokens)
+        st.receiving = st.load_async
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        for rid in connector_output.finished_recving or ():
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.receiving = False
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        sched_tokens = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(new.req_id)
+            if st is None or st.sched is None:
+                continue
+            st.block_ids = list(new.block_ids[0])
+            self._plan_saves(st, new.num_computed_tokens, sched_tokens.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed: set[str] = getattr(cached, "resumed_req_ids", set())
+        for i, rid in enumerate(cached.req_ids):
+            st = self._reqs.get(rid)
+            if st is None or st.sched is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if rid in resumed:
+                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+                st.saved = None  # preempted: its blocks were recomputed into new ones
+            elif new_ids is not None:
+                st.block_ids.extend(new_ids[0])
+            self._plan_saves(st, cached.num_computed_tokens[i], sched_tokens.get(rid, 0))
+        loads: list[LoadSpec] = []
+        saves: list[SaveSpec] = []
+        for sched in self._scheds.values():
+            plan = sched.build_connector_meta()
+            loads.extend(plan.loads)
+            saves.extend(plan.saves)
+        self._gc_schedulers()
+        return KVStoreConnectorMetadata(ConnectorMetadata(tuple(loads), tuple(saves)))
+
+    def _plan_saves(self, st: _Req, num_computed: int, num_scheduled: int) -> None:
+        """Hand the blocks that are full once this step ran to the scheduler's saves."""
+        B = self._block_size
+        if st.saved is None:  # blocks vLLM had or loaded when first scheduled are not saved
+            st.saved = num_computed // B
+        tokens = st.request.all_token_ids
+        full = min(num_computed + num_scheduled, len(tokens), len(st.block_ids) * B) // B
+        if full <= st.saved:
+            return
+        ns = st.sched.namespace
+        # keys of every block up to `full` (computed once, extended as the request grows)
+        have = len(st.keys)
+        if full > have:
+            parent = st.keys[-1] if st.keys else ns.seed
+            st.keys.extend(chain_keys(parent, token_bytes(tokens[have * B:full * B]), B))
+        data = token_bytes(tokens[st.saved * B:full * B])
+        step = 4 * B
+        metas = [
+            BlockMeta(ns.seed, st.keys[i], st.keys[i - 1] if i else ns.seed,
+                      data[(i - st.saved) * step:(i - st.saved + 1) * step])
+            for i in range(st.saved, full)
+        ]
+        st.sched.request_save(st.request.request_id, st.block_ids[st.saved:full], metas)
+        st.saved = full
+
+    def _gc_schedulers(self) -> None:
+        live = {st.sched.namespace.id for st in self._reqs.values() if st.sched is not None}
+        for ns_id in [n for n in self._scheds if n not in live]:
+            sched = self._scheds[ns_id]
+            if not sched._matches and not sched._transfers and not sched._saves:
+                del self._scheds[ns_id]
+
+    def request_finished(self, request: Request,
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        st = self._reqs.pop(request.request_id, None)
+        if st is None or st.sched is None:
+            return False, None
+        st.sched.request_finished(request.request_id)
+        # Saves need no delay: wait_for_save, at the end of every step, waits until the copies
+        # out of the engine's blocks landed, so the blocks may be reused in the next step. An
+        # asynchronous load still writing into them must end first.
+        if st.receiving:
+            self._engine.delayed.add(request.request_id)
+            return True, None
+        return False, None
+
+    # ================================================================ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = self._layer_names
+        if set(kv_caches) != set(names):
+            raise InvalidArgument(
+                f"vLLM registered KV caches for layers {sorted(kv_caches)}, its cache config "
+                f"names {sorted(names)}")
+        tensors = [kv_caches[n] for n in names]
+        lay = self._layout
+        shape_of = BLOCK_FORMATS.get(lay.block_format)
+        want = shape_of(lay.num_kv_heads, lay.block_size, lay.head_dim) if shape_of else None
+        for n, t in zip(names, tensors):
+            if want is None or tuple(t.shape[1:]) != want or t.dtype != lay.torch_dtype:
+                raise InvalidArgument(
+                    f"vLLM's KV cache of layer {n!r} is {tuple(t.shape)} {t.dtype} on "
+                    f"{t.device}; kvstore understands "
+                    + ", ".join(f"{k}: [num_blocks, {', '.join(map(str, f(lay.num_kv_heads, lay.block_size, lay.head_dim)))}]"
+                                for k, f in BLOCK_FORMATS.items())
+                    + f" ({lay.dtype}), and this engine's format is {lay.block_format!r}",
+                    hint="use vLLM's CPU backend, or another connector for this attention backend")
+        self._engine.worker.register_kv_caches(KVCacheSpec.layer_blocks(tensors))
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        assert isinstance(connector_metadata, KVStoreConnectorMetadata)
+        self._engine.worker.bind_connector_metadata(connector_metadata.plan)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self._engine.worker.clear_connector_metadata()
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._engine.worker.start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._engine.worker.wait_for_layer_load(self._layer_index[layer_name])
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        self._engine.worker.save_kv_layer(self._layer_index[layer_name])
+
+    def wait_for_save(self) -> None:
+        self._engine.worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done = self._engine.worker.get_finished(sorted(finished_req_ids))
+        # vLLM expects `sending` only for requests whose request_finished said True
+        delayed = self._engine.delayed
+        sending = {r for r in done.sending if r in delayed}
+        delayed.difference_update(sending)
+        return sending or None, set(done.recving) or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._engine.worker.get_block_ids_with_load_errors()
+
+    def stats(self) -> KVStoreVLLMStats:
+        return self._engine.stats()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sched in self._scheds.values():
+            sched.close()
+        self._scheds.clear()
+        _detach(self._engine_id)
+
+
+__all__ = [
+    "BLOCK_FORMATS",
+    "KVStoreConnector",
+    "KVStoreConnectorMetadata",
+    "KVStoreVLLMStats",
+    "engine_stats",
+    "engine_store",
+    "layout_for",
+    "load_kvstore_config",
+]

@@ -1,0 +1,246 @@
+"""kvstore's connector inside a real ``vllm.LLM`` (CPU backend, a tiny random-weight Llama):
+greedy tokens are identical with and without it, and when the prefix comes from our host, disk
+or Redis tier after vLLM's own prefix cache was dropped; vLLM reports the loaded tokens
+(``num_cached_tokens``); a new process loads from the same disk directory; a page corrupted
+on disk is recomputed; two cache salts never share a page; a layout we do not understand is
+refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench.vllm_engines import (
+    BLOCK_SIZE,
+    close_llm,
+    engine_id,
+    generate,
+    kvstore_transfer_config,
+    make_llm,
+    reset_prefix_cache,
+)
+from connector.vllm import engine_stats, engine_store
+from kvstore.errors import InvalidArgument
+
+PREFIX = [(7 * i + 3) % 500 + 3 for i in range(10 * BLOCK_SIZE)]  # 10 full blocks
+PROMPTS = [PREFIX + [11 + j, 400 + j, 17] for j in range(3)]
+# what a load can supply: every full block except a prompt's last token's
+LOADABLE = (len(PROMPTS[0]) - 1) // BLOCK_SIZE * BLOCK_SIZE
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama: str) -> list[list[int]]:
+    """Greedy tokens of vLLM without a connector, each prompt computed from scratch."""
+    llm = make_llm(tiny_llama)
+    try:
+        out = []
+        for p in PROMPTS:
+            reset_prefix_cache(llm)
+            out.append(generate(llm, [p])[0][0])
+        return out
+    finally:
+        close_llm(llm)
+
+
+def _host(capacity: str = "64MiB") -> dict[str, Any]:
+    return {"kind": "host", "capacity": capacity}
+
+
+def _disk(path: Path) -> dict[str, Any]:
+    return {"kind": "disk", "capacity": "64MiB", "path": str(path), "fsync": False}
+
+
+def _each_from_connector(llm: Any, expected: list[list[int]]) -> None:
+    """Generate every prompt alone after dropping vLLM's prefix cache: the same tokens, with the
+    prefix loaded by the connector and reported by vLLM."""
+    for p, want in zip(PROMPTS, expected):
+        reset_prefix_cache(llm)
+        tokens, cached = generate(llm, [p])[0]
+        assert tokens == want
+        assert cached == LOADABLE
+
+
+def _drop_host(llm: Any) -> None:
+    store = engine_store(engine_id(llm))
+    store.drain()
+    host = store.tier("host")
+    store.evict(host.used_pages, tier="host")  # written through: disk/Redis keep theirs
+    store.drain()
+    assert host.used_pages == 0
+
+
+def test_greedy_tokens_identical_and_host_hits_reported(tiny_llama: str, expected: list[list[int]]) -> None:
+    llm = make_llm(tiny_llama, kvstore_transfer_config({"tiers": [_host()]}))
+    try:
+        first = generate(llm, PROMPTS)
+        assert [t for t, _ in first] == expected  # saving changes nothing
+        _each_from_connector(llm, expected)
+        st = engine_stats(engine_id(llm))
+        assert st.matched_tokens == {"host": 3 * LOADABLE}
+        assert st.worker is not None
+        assert st.worker.blocks_loaded == 3 * LOADABLE // BLOCK_SIZE
+        assert st.worker.load_failures == {}
+        assert st.worker.blocks_saved >= len(PREFIX) // BLOCK_SIZE
+    finally:
+        close_llm(llm)
+
+
+def test_prefix_from_disk_and_redis(tiny_llama: str, expected: list[list[int]], tmp_path: Path,
+                                    redis_server: Any) -> None:
+    for lower in (_disk(tmp_path / "disk"), {"kind": "redis", "capacity": "64MiB",
+                                              "url": redis_server.url}):
+        cfg = {"tiers": [_host(), lower], "store": {"write_policy": "write_through"}}
+        llm = make_llm(tiny_llama, kvstore_transfer_config(cfg))
+        try:
+            generate(llm, PROMPTS)
+            _drop_host(llm)
+            reset_prefix_cache(llm)
+            tokens, cached = generate(llm, [PROMPTS[0]])[0]
+            assert tokens == expected[0]
+            assert cached == LOADABLE
+            st = engine_stats(engine_id(llm))
+            assert st.matched_tokens == {lower["kind"]: LOADABLE}  # found below host: async
+            assert st.worker is not None and st.worker.load_failures == {}
+        finally:
+            close_llm(llm)
+
+
+_CHILD = """
+import json, os, sys
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from bench.vllm_engines import close_llm, engine_id, generate, kvstore_transfer_config, make_llm
+from connector.vllm import engine_stats
+model, disk, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+cfg = {"tiers": [{"kind": "host", "capacity": "64MiB"},
+                 {"kind": "disk", "capacity": "64MiB", "path": disk, "fsync": False}]}
+llm = make_llm(model, kvstore_transfer_config(cfg))
+tokens, cached = generate(llm, [prompt])[0]
+st = engine_stats(engine_id(llm))
+close_llm(llm)
+print("RESULT " + json.dumps({"tokens": tokens, "cached": cached, "matched": st.matched_tokens}))
+"""
+
+
+def _child(model: str, disk: Path, prompt: list[int]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", _CHILD, model, str(disk), json.dumps(prompt)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])  # type: ignore[no-any-return]
+
+
+def test_new_process_loads_the_prefix_from_the_same_disk(tiny_llama: str, expected: list[list[int]],
+                                                          tmp_path: Path) -> None:
+    cfg = {"tiers": [_host(), _disk(tmp_path / "disk")], "store": {"write_policy": "write_through"}}
+    llm = make_llm(tiny_llama, kvstore_transfer_config(cfg))
+    try:
+        generate(llm, [PROMPTS[0]])
+    finally:
+        close_llm(llm)  # the disk tier is closed: its directory unlocked
+    got = _child(tiny_llama, tmp_path / "disk", PROMPTS[1])
+    assert got["tokens"] == expected[1]
+    assert got["cached"] == len(PREFIX)  # the shared prefix, from disk
+    assert got["matched"] == {"disk": len(PREFIX)}
+
+
+def test_page_corrupted_on_disk_is_recomputed_and_counted(tiny_llama: str, expected: list[list[int]],
+                                                          tmp_path: Path) -> None:
+    cfg = {"tiers": [_host(), _disk(tmp_path / "disk")], "store": {"write_policy": "write_through"}}
+    llm = make_llm(tiny_llama, kvstore_transfer_config(cfg))
+    try:
+        generate(llm, [PROMPTS[0]])
+        _drop_host(llm)
+        store = engine_store(engine_id(llm))
+        disk = store.tier("disk")
+        # the page of block 4: blocks 0..3 load, 4 and later are recomputed
+        by_parent = {m.parent: m.key for k in disk.keys() if (m := disk.meta(k)) is not None}
+        key = by_parent[next(m.namespace_id for k in disk.keys() if (m := disk.meta(k)))]
+        for _ in range(4):
+            key = by_parent[key]
+        slot = disk.slot_of(key)
+        path = tmp_path / "disk" / "slots.dat"
+        slot_bytes = path.stat().st_size // disk.capacity_pages
+        with open(path, "r+b") as f:  # one byte in the middle of the record's payload
+            f.seek(slot * slot_bytes + slot_bytes // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+        reset_prefix_cache(llm)
+        tokens, cached = generate(llm, [PROMPTS[0]])[0]
+        assert tokens == expected[0]
+        # vLLM counts the tokens scheduled for loading in num_cached_tokens (it does not lower
+        # it after a failed load), so the store's and the connector's counters tell
+        assert cached == LOADABLE
+        assert disk.stats().corrupt == 1
+        st = engine_stats(engine_id(llm))
+        assert st.worker is not None
+        assert st.worker.blocks_loaded == 4  # the blocks before the corrupt one
+        assert st.worker.load_failures == {"miss": LOADABLE // BLOCK_SIZE - 4}
+        # the recomputed blocks were saved again: the next request loads the whole prefix
+        _drop_host(llm)
+        reset_prefix_cache(llm)
+        assert generate(llm, [PROMPTS[0]])[0] == (expected[0], LOADABLE)
+        st = engine_stats(engine_id(llm))
+        assert st.worker is not None and st.worker.blocks_loaded == 4 + LOADABLE // BLOCK_SIZE
+    finally:
+        close_llm(llm)
+
+
+def test_two_cache_salts_never_share(tiny_llama: str, expected: list[list[int]]) -> None:
+    llm = make_llm(tiny_llama, kvstore_transfer_config({"tiers": [_host()]}))
+    try:
+        assert generate(llm, [PROMPTS[0]], cache_salt="tenant-a")[0][0] == expected[0]
+        reset_prefix_cache(llm)
+        tokens, cached = generate(llm, [PROMPTS[0]], cache_salt="tenant-b")[0]
+        assert (tokens, cached) == (expected[0], 0)
+        reset_prefix_cache(llm)
+        tokens, cached = generate(llm, [PROMPTS[0]], cache_salt="tenant-a")[0]
+        assert (tokens, cached) == (expected[0], LOADABLE)
+        reset_prefix_cache(llm)
+        tokens, cached = generate(llm, [PROMPTS[0]])[0]  # no salt: a third namespace
+        assert (tokens, cached) == (expected[0], 0)
+    finally:
+        close_llm(llm)
+
+
+def test_a_vllm_layout_we_do_not_understand_is_refused(tiny_llama: str) -> None:
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group
+
+    llm = make_llm(tiny_llama, kvstore_transfer_config({"tiers": [_host()]}))
+    try:
+        worker = get_kv_transfer_group()
+        lay = worker._layout
+        assert lay.block_format == "vllm-cpu"
+        # a GPU backend's [2, num_blocks, block_size, heads, head_size] per layer
+        bad = {n: torch.zeros(2, 8, lay.block_size, lay.num_kv_heads, lay.head_dim)
+               for n in worker._layer_names}
+        with pytest.raises(InvalidArgument, match="kvstore understands vllm-cpu"):
+            worker.register_kv_caches(bad)
+        # the engine still runs on the caches it registered
+        assert generate(llm, [PROMPTS[0]], max_tokens=2)[0][0]
+    finally:
+        close_llm(llm)
+
+
+def test_extra_config_errors_name_the_problem() -> None:
+    from connector.vllm import load_kvstore_config
+    from kvstore.errors import ConfigError
+    from kvstore.layout import KVLayout
+
+    lay = KVLayout(2, 2, 32, BLOCK_SIZE, "float32", "vllm-cpu")
+    with pytest.raises(ConfigError, match="does not run over the sidecar daemon yet"):
+        load_kvstore_config({"daemon": "unix:///tmp/kvstore.sock"}, lay, "m")
+    with pytest.raises(ConfigError, match=r"unknown kv_connector_extra_config key\(s\) \['tier'\]"):
+        load_kvstore_config({"tier": []}, lay, "m")
+    cfg = load_kvstore_config({"tiers": [_host()], "tenant_salt": "t"}, lay, "my-model")
+    assert (cfg.model_id, cfg.tenant_salt, cfg.layout.build()) == ("my-model", "t", lay)
