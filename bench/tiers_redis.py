@@ -8,6 +8,9 @@ layers, 8 KV heads, head_dim 128, 16-token blocks, bf16) in batches of ``batch``
   get, pages read into the caller's buffers);
 * ``kvstore, MAC off`` — the same tier with the MAC switched off (``bench.mac.NoMac``), under
   its own key prefix; the line "MAC on vs off" gives the MAC's cost as the ratio on/off;
+* ``kvstore, MAC on the calling thread`` — only where the tier hashes on its MAC pool by
+  default (``record.default_mac_threads()``: from 4 cores): the MAC on with ``mac_threads=0``,
+  so "MAC on the calling thread vs off" next to "MAC on vs off" shows what the pool gains;
 * the baseline — raw redis-py (with hiredis) ``SET`` / ``GET`` of the same page bytes, the way a
   user would write it, in both usual styles: a pipeline per batch of the same size, and a plain
   loop of single commands. The baseline value is the *faster* of the two in this run (each is
@@ -47,7 +50,15 @@ def measure(args: Any) -> list[dict[str, Any]]:
 def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
     import redis
 
-    from bench.mac import VARIANT_OFF, VARIANT_ON, mac_cost_line, tier_macs
+    from bench.mac import (
+        BENCH_SECRET,
+        VARIANT_CALLER,
+        VARIANT_OFF,
+        VARIANT_ON,
+        mac_cost_line,
+        tier_macs,
+    )
+    from kvstore.record import RecordMac, default_mac_threads
     from kvstore.keys import Namespace
     from kvstore.layout import KVLayout
     from kvstore.tiers.redis import RedisTier
@@ -73,6 +84,10 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
                            timeout_s=30.0, mac=mac)
         for i, (variant, mac) in enumerate(tier_macs().items())
     }
+    if default_mac_threads():
+        tiers[VARIANT_CALLER] = RedisTier("redis", layout, n, url=url, key_prefix=f"{prefix}-c",
+                                          timeout_s=30.0, mac=RecordMac(BENCH_SECRET),
+                                          mac_threads=0)
     client = redis.Redis.from_url(url, socket_timeout=30)
     try:
 
@@ -133,11 +148,14 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
     for case, times, cmd in (("redis/put", put_s, "SET"), ("redis/get", get_s, "GET")):
         gbs = {k: nbytes / t / 1e9 for k, t in times.items()}
         base = max(gbs["pipeline"], gbs["loop"])
-        for variant in (VARIANT_ON, VARIANT_OFF):
+        for variant in tiers:
             lines.append(_line(case, variant, gbs[variant], f"raw redis-py {cmd}", base))
         lines.append(_line(case, f"raw redis-py {cmd} pipeline ({batch}/batch)", gbs["pipeline"]))
         lines.append(_line(case, f"raw redis-py {cmd} loop", gbs["loop"]))
         lines.append(mac_cost_line(BENCH, case, gbs[VARIANT_ON], gbs[VARIANT_OFF]))
+        if VARIANT_CALLER in gbs:
+            lines.append(mac_cost_line(BENCH, case, gbs[VARIANT_CALLER], gbs[VARIANT_OFF],
+                                       "MAC on the calling thread vs off"))
     return lines
 
 

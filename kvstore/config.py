@@ -185,6 +185,10 @@ class RedisTierConfig(_Strict):
         "none", description="'zstd' needs the zstandard package; saves ~22 % memory, costs speed"
     )
     key_prefix: str = Field("kvstore", min_length=1, pattern=r"^[^{}\s]+$")
+    mac_threads: int | None = Field(
+        None, ge=0, le=256,
+        description="threads hashing a batch's record MACs; None: by the cores, 0: the caller",
+    )
 
     _v_policy = field_validator("policy")(_check_policy)
 
@@ -228,6 +232,7 @@ class RedisTierConfig(_Strict):
             "ttl_s": self.ttl_s,
             "compression": self.compression,
             "key_prefix": self.key_prefix,
+            "mac_threads": self.mac_threads,
         }
 
 

@@ -54,6 +54,13 @@ Data path
     straight into the caller's page buffers, puts are gather-written from them. redis-py does
     everything else: connect, AUTH/ACL, TLS, SELECT, the cluster slot map.
 
+    The record MAC of a batch of pages is hashed on the MAC pool (``mac_threads``; by default
+    from 4 cores, see :mod:`kvstore.record`): a put hashes the next pages while the calling
+    thread sends this one; a get verifies each page once it has arrived while the calling
+    thread receives the next, and returns after every page was verified. Without the pool (and
+    for one page) the calling thread hashes: a put's page before it is sent, a get's page piece
+    by piece as it arrives.
+
 Capacity and state
     ``capacity_pages`` is this node's budget for the store's eviction policy. ``used_pages`` is
     the number of pages *this tier instance* wrote and has not deleted or seen vanish — in a
@@ -95,14 +102,17 @@ from typing import Any, Literal
 import numpy as np
 from redis.crc import key_slot
 
-from kvstore.errors import RecordError, TierUnavailable
+from kvstore.errors import InvalidArgument, RecordError, TierUnavailable
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import (
+    MacJobs,
     RecordMac,
+    default_mac_threads,
     encode_header,
     header_bytes,
+    mac_jobs,
     parse_header,
     payload_digest,
     verify_header,
@@ -174,10 +184,13 @@ class RedisTier(Tier):
         compression: Compression = "none",
         key_prefix: str = "kvstore",
         mac: RecordMac | None = None,
+        mac_threads: int | None = None,
     ) -> None:
         """Connect to one server (``url``, e.g. ``redis://[user:password@]host:6379/0``;
         ``rediss://`` for TLS) or to a Redis Cluster (``cluster_nodes``, seeds as ``host:port``).
         ``mac``: the records' MAC, keyed by the deployment secret (None: the public key).
+        ``mac_threads``: threads of the MAC pool that hashes a batch's pages in parallel (None:
+        ``record.default_mac_threads()``, by the cores; 0: the calling thread hashes them).
 
         Raises :class:`ConfigError` for a bad setting or rejected credentials, and
         :class:`TierUnavailable` when no server answers within ``connect_timeout_s``.
@@ -195,6 +208,14 @@ class RedisTier(Tier):
         self._local = threading.local()  # zstd (de)compressors are not thread-safe
         self._prefix = key_prefix.encode() + b":"
         self._mac = mac if mac is not None else RecordMac(None)
+        if mac_threads is None:
+            mac_threads = default_mac_threads()
+        elif not isinstance(mac_threads, int) or not 0 <= mac_threads <= 256:
+            raise InvalidArgument(
+                f"redis tier {name!r}: mac_threads must be in [0, 256], got {mac_threads!r}"
+            )
+        #: Threads of the MAC pool (0: none, the calling thread hashes).
+        self.mac_threads = mac_threads
         self._hb = header_bytes(layout)
         self._rec_len = self._hb + layout.page_bytes
         self._window = max(1, _WINDOW_BYTES // self._rec_len)
@@ -269,6 +290,13 @@ class RedisTier(Tier):
         else:
             build = lambda i: (command(b"GET", names[i]),)  # noqa: E731
 
+        def settle(i: int, got: BlockMeta | RecordError, hdr: Any) -> None:
+            if isinstance(got, RecordError):
+                self._bad(keys[i], got.reason, bad, hdr)
+            else:
+                found[i] = True
+                hits.append(got)
+
         def handle(io: RespIO, i: int) -> bool:
             n = io.read_bulk_len()
             if isinstance(n, ReplyError):
@@ -281,30 +309,48 @@ class RedisTier(Tier):
                 return False
             out = outs[i]
             if n == rec_len:  # raw record: header, then the page straight into the caller's buffer
+                if jobs is not None:  # verified on the MAC pool while the next page arrives
+                    head = bytearray(hb)
+                    io.read_into(memoryview(head))
+                    io.read_into(out.data)
+                    io.expect_crlf()
+                    heads[i] = head
+                    jobs.start(i, _attempt, self._verify, head, out, None, namespace_id, keys[i])
+                    return False
                 io.read_into(hdr_mv)
                 digest = payload_digest(self._mac, hdr_mv)  # the MAC, fed as the page arrives
                 io.read_into(out.data, digest)
                 io.expect_crlf()
-                meta = self._check(hdr_mv, out, digest, namespace_id, keys[i], bad)
+                settle(i, _attempt(self._verify, hdr_mv, out, digest, namespace_id, keys[i]),
+                       hdr_mv)
             elif hb <= n <= max_len:
                 rec = bytearray(n)
                 io.read_into(memoryview(rec))
                 io.expect_crlf()
-                meta = self._check_slow(rec, out, namespace_id, keys[i], bad)
+                if jobs is not None:
+                    heads[i] = rec
+                    jobs.start(i, _attempt, self._verify_slow, rec, out, namespace_id, keys[i])
+                else:
+                    settle(i, _attempt(self._verify_slow, rec, out, namespace_id, keys[i]), rec)
             else:  # no record of this layout has this size: its header says whose it is
                 got = min(n, hb)
                 io.read_into(hdr_mv[:got])
                 io.skip(n - got)
                 io.expect_crlf()
                 self._check_size(hdr_mv[:got], n, namespace_id, keys[i], bad)
-                meta = None
-            if meta is not None:
-                found[i] = True
-                hits.append(meta)
             return False
 
-        self._call("read", names, build, handle, window=self._window,
-                   nbytes=len(names) * rec_len)
+        jobs = mac_jobs(len(keys), self.mac_threads)
+        heads: dict[int, Any] = {}  # item -> its header (or record), for the pool's jobs
+        if jobs is None:
+            self._call("read", names, build, handle, window=self._window,
+                       nbytes=len(names) * rec_len)
+        else:
+            with jobs:  # every job is done before the caller gets its buffers back
+                self._call("read", names, build, handle, window=self._window,
+                           nbytes=len(names) * rec_len)
+            for i, got in jobs.results():
+                settle(i, got, heads[i])
         self._count_refusals("read", refusals)
         if hits:
             self._remember(hits)
@@ -323,9 +369,13 @@ class RedisTier(Tier):
         oom = [0]
         refusals = [0]
 
+        jobs = mac_jobs(len(metas), self.mac_threads)
+
         def build(i: int) -> Sequence[Any]:
-            payload, flags = self._encode(pages[i])
-            header = encode_header(metas[i], self.layout, payload, self._mac, flags=flags)
+            if jobs is None:
+                header, payload = self._record(metas[i], pages[i])
+            else:
+                header, payload = _ahead(jobs, i, len(metas), self._record, metas, pages)
             size = len(header) + memoryview(payload).nbytes
             head = command_head((b"SET", names[i]), size, extra)
             return (head, header, payload, tail)
@@ -340,7 +390,11 @@ class RedisTier(Tier):
             stored[i] = True
             return False
 
-        self._call("write", names, build, handle, nbytes=len(names) * self._rec_len)
+        if jobs is None:
+            self._call("write", names, build, handle, nbytes=len(names) * self._rec_len)
+        else:
+            with jobs:  # no job reads a caller's page after the call
+                self._call("write", names, build, handle, nbytes=len(names) * self._rec_len)
         if oom[0]:
             with self._lock:
                 self.oom_refused += oom[0]
@@ -567,6 +621,11 @@ class RedisTier(Tier):
     def _name(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()
 
+    def _record(self, meta: BlockMeta, page: np.ndarray) -> tuple[bytes, Any]:
+        """The header and payload of ``page``'s record (encoded by the codec, tagged by the MAC)."""
+        payload, flags = self._encode(page)
+        return encode_header(meta, self.layout, payload, self._mac, flags=flags), payload
+
     def _encode(self, page: np.ndarray) -> tuple[Any, int]:
         if not self._codec:
             return page, 0
@@ -575,47 +634,38 @@ class RedisTier(Tier):
             return page, 0
         return packed, self._codec
 
-    def _check(
-        self, hdr: memoryview, out: np.ndarray, digest: Any, ns: bytes, key: bytes,
-        bad: dict[bytes, bool],
-    ) -> BlockMeta | None:
-        """Verify a raw record whose page already sits in ``out``, the caller's buffer, and was
-        fed to ``digest`` (``record.payload_digest``) as it arrived."""
-        try:
-            header = parse_header(hdr, self.layout)
-            verify_header(header, self.layout, namespace_id=ns, key=key)
-            if header.codec:
-                raise RecordError(f"a page-sized payload of codec {header.codec}", reason="length")
-            verify_payload(header, out, self._mac, digest)
-        except RecordError as exc:
-            self._bad(key, exc.reason, bad, hdr)
-            return None
+    def _verify(
+        self, hdr: Any, out: np.ndarray, digest: Any, ns: bytes, key: bytes
+    ) -> BlockMeta:
+        """Verify a raw record whose page already sits in ``out``, the caller's buffer: ``hdr``
+        its header; ``digest`` the MAC's hasher (``record.payload_digest``) that the page was fed
+        to as it arrived, or None to hash it here (on the MAC pool). Raises RecordError."""
+        header = parse_header(hdr, self.layout)
+        verify_header(header, self.layout, namespace_id=ns, key=key)
+        if header.codec:
+            raise RecordError(f"a page-sized payload of codec {header.codec}", reason="length")
+        verify_payload(header, out, self._mac, digest)
         return header.meta()
 
-    def _check_slow(
-        self, rec: bytearray, out: np.ndarray, ns: bytes, key: bytes, bad: dict[bytes, bool]
-    ) -> BlockMeta | None:
-        """Verify a record of another size (compressed, or damaged) and decode it into ``out``."""
+    def _verify_slow(self, rec: bytearray, out: np.ndarray, ns: bytes, key: bytes) -> BlockMeta:
+        """Verify a record of another size (compressed, or damaged) and decode it into ``out``.
+        Raises RecordError."""
         view = memoryview(rec)
         page_bytes = self.layout.page_bytes
+        header = parse_header(view, self.layout)
+        verify_header(header, self.layout, namespace_id=ns, key=key)
+        payload = view[self._hb :]
+        verify_payload(header, payload, self._mac)
+        if header.codec == 0:
+            raise RecordError("raw payload of the wrong size", reason="length")
+        if header.codec != CODEC_ZSTD or self._zstd is None:
+            raise RecordError(f"unknown or unavailable codec {header.codec}", reason="codec")
         try:
-            header = parse_header(view, self.layout)
-            verify_header(header, self.layout, namespace_id=ns, key=key)
-            payload = view[self._hb :]
-            verify_payload(header, payload, self._mac)
-            if header.codec == 0:
-                raise RecordError("raw payload of the wrong size", reason="length")
-            if header.codec != CODEC_ZSTD or self._zstd is None:
-                raise RecordError(f"unknown or unavailable codec {header.codec}", reason="codec")
-            try:
-                data = self._decompressor().decompress(payload, max_output_size=page_bytes)
-            except self._zstd.ZstdError as exc:
-                raise RecordError(f"zstd: {exc}", reason="codec") from None
-            if len(data) != page_bytes:
-                raise RecordError(f"decoded {len(data)} bytes", reason="length")
-        except RecordError as exc:
-            self._bad(key, exc.reason, bad, view[: self._hb])
-            return None
+            data = self._decompressor().decompress(payload, max_output_size=page_bytes)
+        except self._zstd.ZstdError as exc:
+            raise RecordError(f"zstd: {exc}", reason="codec") from None
+        if len(data) != page_bytes:
+            raise RecordError(f"decoded {len(data)} bytes", reason="length")
         out[:] = np.frombuffer(data, np.uint8)
         return header.meta()
 
@@ -730,6 +780,27 @@ class RedisTier(Tier):
             threading.Thread(target=refresh, name="kvstore-redis-topology", daemon=True).start()
         else:
             refresh()
+
+
+def _ahead(
+    jobs: MacJobs, i: int, n: int, record: Any, metas: Sequence[BlockMeta],
+    pages: Sequence[np.ndarray],
+) -> tuple[bytes, Any]:
+    """Item ``i``'s ``record(metas[i], pages[i])`` from the MAC pool, having started the
+    records of the items after it (in index order, two per pool thread ahead): the pool hashes
+    the next pages while the calling thread sends this one."""
+    for k in range(i, min(n, i + 1 + 2 * jobs.threads)):
+        if k not in jobs:
+            jobs.start(k, record, metas[k], pages[k])
+    return jobs.result(i)
+
+
+def _attempt(verify: Any, *args: Any) -> BlockMeta | RecordError:
+    """``verify(*args)``, or the RecordError it raised."""
+    try:
+        return verify(*args)
+    except RecordError as exc:
+        return exc
 
 
 def _genuine(hdr: Any, key: bytes, layout: KVLayout) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from pathlib import Path
 
 import lmdb
@@ -25,8 +26,10 @@ import xxhash
 
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
+from kvstore import record
 from kvstore.record import RecordMac, encode_header, header_bytes, parse_header
-from kvstore.tiers import disk_io
+from kvstore.tiers import disk_io, disk_slab
+from kvstore.tiers import redis as redis_mod
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.redis import RedisTier
 from tests.redis_servers import RedisServer
@@ -203,6 +206,119 @@ def test_disk_records_after_a_restart_under_the_same_or_another_secret(
             assert np.array_equal(outs, genuine) and corrupt(t) == {}
         else:
             assert corrupt(t) == {"mac": 3} and t.used_pages == 0
+
+
+# --------------------------------------------------------------------- verified in parallel
+#
+# A batch's pages are hashed on several threads (the MAC pool for Redis, on here whatever the
+# cores; the I/O workers for disk): a forged page in the middle of a batch is still a counted
+# miss, its neighbours still verified hits, and nothing raises.
+
+BATCH = 7  # within the 8 slots that forge_on_disk opens the tier with
+MIDDLE = 3
+
+
+def batch_chain():  # noqa: ANN201
+    ns = Namespace("victim-model", LAYOUT, "tenant-v")
+    return ns, ns.chain(np.arange(BATCH * LAYOUT.block_size) % 32000)
+
+
+def spy_threads(monkeypatch: pytest.MonkeyPatch, module: object) -> set[str]:
+    """Names of the threads that run ``module.verify_payload`` from now on."""
+    names: set[str] = set()
+    real = record.verify_payload
+
+    def spy(*args: object, **kwargs: object) -> None:
+        names.add(threading.current_thread().name)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "verify_payload", spy)
+    return names
+
+
+@pytest.mark.parametrize("attacker_key", ["none", "other"])
+def test_redis_parallel_verification_catches_a_forged_page_mid_batch(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, attacker_key: str
+) -> None:
+    ns, ch = batch_chain()
+    genuine, evil = pages(BATCH, 0), pages(1, 1)[0]
+    t = RedisTier("redis", LAYOUT, 100, url=redis_server.url, timeout_s=5.0,
+                  mac=RecordMac(SECRET_A), mac_threads=3)
+    r = redis_server.client()
+    name = b"kvstore:" + ch.keys[MIDDLE].hex().encode()
+    try:
+        assert t.write(ch.metas(), list(genuine)) == [True] * BATCH  # headers from the pool
+        stored = r.get(name)
+        r.set(name, forge(stored[: header_bytes(LAYOUT)], evil.tobytes(), attacker_key))
+        threads = spy_threads(monkeypatch, redis_mod)
+        outs = pages(BATCH, 2)
+        want = [i != MIDDLE for i in range(BATCH)]
+        assert t.read(ns.id, ch.keys, list(outs)) == want
+        assert threads and all(n.startswith("kvstore-mac") for n in threads)
+        assert corrupt(t) == {"mac": 1}
+        for i in range(BATCH):
+            if i != MIDDLE:
+                assert np.array_equal(outs[i], genuine[i])
+        assert r.exists(name) == 0  # deleted like a damaged record
+        assert t.read(ns.id, ch.keys, list(outs)) == want  # now simply absent
+        assert corrupt(t) == {"mac": 1}
+    finally:
+        t.close()
+
+
+def test_redis_records_from_the_pool_read_without_it_and_back(redis_server: RedisServer) -> None:
+    """Headers tagged on the pool are the ones the calling thread tags, and the other way round
+    (raw and compressed records)."""
+    ns, ch = batch_chain()
+    genuine = pages(BATCH, 0)
+    genuine[::2] = 0  # every other page compresses: records of both sizes in one batch
+
+    def tier(threads: int) -> RedisTier:
+        return RedisTier("redis", LAYOUT, 100, url=redis_server.url, compression="zstd",
+                         mac=RecordMac(SECRET_A), mac_threads=threads)
+
+    for writer, reader in ((tier(3), tier(0)), (tier(0), tier(3))):
+        try:
+            assert all(writer.write(ch.metas(), list(genuine)))
+            outs = pages(BATCH, 2)
+            assert reader.read(ns.id, ch.keys, list(outs)) == [True] * BATCH
+            assert np.array_equal(outs, genuine) and corrupt(reader) == {}
+            writer.delete(ch.keys)
+        finally:
+            writer.close()
+            reader.close()
+
+
+def test_disk_parallel_verification_catches_a_forged_page_mid_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns, ch = batch_chain()
+    genuine, evil = pages(BATCH, 0), pages(1, 1)[0]
+    path = tmp_path / "disk"
+
+    def tier() -> DiskTier:  # one record per preadv: each run verified on its own worker
+        return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, fsync=False,
+                        io_threads=4, max_io_bytes=disk_io.ALIGN, mac=RecordMac(SECRET_A))
+
+    t = tier()
+    assert t.write(ch.metas(), list(genuine)) == [True] * BATCH
+    slot = t.slot_of(ch.keys[MIDDLE])
+    t.close()
+    assert slot is not None
+    forge_on_disk(path, slot, ch.keys[MIDDLE], evil.tobytes(), "other")
+    t = tier()
+    try:
+        threads = spy_threads(monkeypatch, disk_slab)
+        outs = pages(BATCH, 2)
+        assert t.read(ns.id, ch.keys, list(outs)) == [i != MIDDLE for i in range(BATCH)]
+        assert len(threads) > 1 and all(n.startswith("kvstore-disk") for n in threads)
+        assert corrupt(t) == {"mac": 1}
+        for i in range(BATCH):
+            if i != MIDDLE:
+                assert np.array_equal(outs[i], genuine[i])
+        assert t.used_pages == BATCH - 1  # dropped
+    finally:
+        t.close()
 
 
 # --------------------------------------------------------------------- built from the config

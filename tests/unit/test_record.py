@@ -246,3 +246,54 @@ def test_secret_must_be_bytes_of_some_length() -> None:
         RecordMac(b"short")
     with pytest.raises(InvalidArgument):
         RecordMac("a-str-not-bytes-of-32-characters")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------- the MAC pool
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 0), (2, 0), (3, 0), (4, 2), (16, 8), (64, 8)])
+def test_the_mac_pool_is_sized_by_the_cores(cores: int, threads: int) -> None:
+    from kvstore import record
+
+    assert record.default_mac_threads(cores) == threads
+
+
+def test_no_pool_for_no_threads_or_one_page() -> None:
+    from kvstore import record
+
+    assert record.mac_pool(0) is None and record.mac_jobs(8, 0) is None
+    assert record.mac_jobs(1, 2) is None  # one page: hashed where it moves
+    assert record.mac_pool(2) is record.mac_pool(2)  # one per process and size
+
+
+def test_mac_jobs_verify_like_the_calling_thread(layout: KVLayout, ns: Namespace) -> None:
+    """The pool's results are the calling thread's: a damaged payload in the middle fails, the
+    others pass; a block that raises leaves no job running."""
+    from kvstore import record
+
+    chain = ns.chain(list(range(5 * layout.block_size)))
+    payloads = random_pages(layout, 5)
+    heads = [parse_header(encode_header(m, layout, p, MAC), layout)
+             for m, p in zip(chain.metas(), payloads)]
+    payloads[2, 7] ^= 1
+
+    def check(i: int) -> str | None:
+        try:
+            verify_payload(heads[i], payloads[i], MAC)
+        except RecordError as exc:
+            return exc.reason
+        return None
+
+    jobs = record.mac_jobs(5, 2)
+    assert jobs is not None
+    with jobs:
+        for i in range(5):
+            jobs.start(i, check, i)
+    assert dict(jobs.results()) == {0: None, 1: None, 2: "payload_checksum", 3: None, 4: None}
+    jobs = record.mac_jobs(5, 2)
+    assert jobs is not None
+    with pytest.raises(KeyError), jobs:
+        for i in range(5):
+            jobs.start(i, check, i)
+        raise KeyError("the call failed")
+    assert jobs.done()
