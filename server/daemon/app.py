@@ -163,8 +163,6 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         tcp.start()
         servers.append(tcp)
         log.info("listening on tcp %s (port %d, bearer token required)", dcfg.tcp, port)
-    for name in ("", SERVICE_NAME):
-        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("shared memory /dev/shm/%s: %d pages of %d bytes in tier %r", slab.name, pages,
              layout.page_bytes, host_name)
     daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping)
@@ -173,6 +171,9 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     except BaseException:
         daemon.stop()
         raise
+    # SERVING only once every listener, the admin API's too, accepts connections
+    for name in ("", SERVICE_NAME):
+        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     return daemon
 
 
