@@ -35,7 +35,7 @@ from bench.common import add_standard_args, command_line, emit_json, measurement
 from connector.transfer import make_transfer
 from kvstore import KVLayout
 from kvstore.ops import (copy_rows, copy_rows_blocks, copy_rows_native_active, copy_rows_reference,
-                        copy_spans, save_copy_blocks)
+                        copy_spans)
 
 LLAMA3_8B = KVLayout(32, 8, 128, 16, "bfloat16")
 

@@ -124,23 +124,17 @@ class KVCacheSpec:
                     hint="use KVCacheSpec.per_layer for one tensor per layer",
                 )
             want: tuple[int, ...] = shape
-        elif self.layout == "per_layer":
+        elif self.layout in ("per_layer", "layer_blocks"):
             if len(self.tensors) != layout.num_layers:
                 raise InvalidArgument(
-                    f"a per_layer KV cache needs {layout.num_layers} tensors (one per layer), "
+                    f"a {self.layout} KV cache needs {layout.num_layers} tensors (one per layer), "
                     f"got {len(self.tensors)}",
                     hint="pass the model's per-layer caches in layer order",
                 )
+            if self.layout == "layer_blocks":
+                self._validate_blocks(layout)
+                return
             want = shape[1:]
-        elif self.layout == "layer_blocks":
-            if len(self.tensors) != layout.num_layers:
-                raise InvalidArgument(
-                    f"a layer_blocks KV cache needs {layout.num_layers} tensors (one per layer), "
-                    f"got {len(self.tensors)}",
-                    hint="pass the model's per-layer caches in layer order",
-                )
-            self._validate_blocks(layout)
-            return
         else:
             raise InvalidArgument(
                 f"unknown KV cache layout {self.layout!r}",

@@ -72,8 +72,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
-
 from connector.base import (
     ConnectorMetadata,
     ConnectorStats,
@@ -330,8 +328,7 @@ class InProcessScheduler(KVConnectorScheduler):
                 )
         # pages host holds already are not saved again (prepare_store would skip them too; this
         # spares the worker a handle and the engine a transfer)
-        held = self.store.tier(self.store.tiers[self._host].name).contains(
-            [m.key for m in metas]) if metas else []
+        held = self.store.tiers[self._host].contains([m.key for m in metas]) if metas else []
         keep = [i for i, h in enumerate(held) if not h]
         if keep:
             self._saves.append(SaveSpec(

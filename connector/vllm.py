@@ -61,7 +61,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +74,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from connector.base import ConnectorMetadata, ConnectorStats, KVCacheSpec, LoadSpec, SaveSpec
 from connector.build import build_connector
-from connector.inprocess import InProcessScheduler, InProcessWorker
+from connector.inprocess import InProcessScheduler
 from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError, InvalidArgument

@@ -59,7 +59,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.ops import copy_spans
+from kvstore.ops import copy_rows, copy_spans
 from kvstore.tiers.base import Tier, check_keys
 from kvstore.tiers.hbm_owner import OwnedPool, PoolOwner
 from kvstore.tiers.slots import SlotReads
@@ -452,13 +452,6 @@ class HBMTier(SlotReads, Tier, OwnedPool):
             )
 
 
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-__all__ = ["CommitResult", "HBMTier"]
-
-
 #: bytes of the pinned bounce buffer a CUDA pool's tier copies go through (in chunks)
 BOUNCE_BYTES = 64 << 20
 
@@ -476,8 +469,6 @@ class _Bounce:
 
     def move(self, dst: torch.Tensor, src: torch.Tensor, blocks: list[int], *, to_host: bool) -> None:
         """``dst[rows] = src[blocks]`` (to_host) or ``dst[blocks] = src[rows]``; waits for it."""
-        from kvstore.ops import copy_rows
-
         ids = torch.tensor(blocks, dtype=torch.int64).pin_memory()
         rows = self._rows_idx[: len(blocks)]
         # after the engine's queued work (pool blocks it wrote); the engine never waits on us
@@ -488,3 +479,11 @@ class _Bounce:
             else:
                 copy_rows(dst, src, ids, rows, stream=self.stream.cuda_stream)
         self.stream.synchronize()
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+__all__ = ["CommitResult", "HBMTier"]
+

@@ -126,10 +126,6 @@ class HostTier(SlotReads, SlabSlots, Tier):
         with self._lock:
             self._free.extend(slots)
 
-    def slots_of(self, keys: Sequence[bytes]) -> list[int | None]:
-        with self._lock:
-            return [self._index.get(k) for k in keys]
-
     # ----------------------------------------------------------------- hooks
 
     def _copy_out(self, slots: list[int], outs: list[np.ndarray]) -> None:

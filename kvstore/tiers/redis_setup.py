@@ -288,10 +288,10 @@ def validate(
                   "url for one server, cluster_nodes for a Redis Cluster")
     if isinstance(cluster_nodes, (str, bytes)):
         raise bad("cluster_nodes must be a list of 'host:port'", "e.g. ['10.0.0.5:6379']")
-    for field, value in (("connect_timeout_s", connect_timeout_s), ("timeout_s", timeout_s),
-                         ("breaker_cooldown_s", breaker_cooldown_s)):
+    for name, value in (("connect_timeout_s", connect_timeout_s), ("timeout_s", timeout_s),
+                        ("breaker_cooldown_s", breaker_cooldown_s)):
         if not value > 0:
-            raise bad(f"{field} must be > 0, got {value!r}", f"set {field} to a positive number")
+            raise bad(f"{name} must be > 0, got {value!r}", f"set {name} to a positive number")
     if retries < 0:
         raise bad(f"retries must be >= 0, got {retries}", "set retries to 0..5")
     if breaker_failures < 1:

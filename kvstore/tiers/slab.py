@@ -66,9 +66,5 @@ class SlabSlots(ABC):
     def unreserve(self, slots: Sequence[int]) -> None:
         """Give reserved slots back unpublished."""
 
-    @abstractmethod
-    def slots_of(self, keys: Sequence[bytes]) -> list[int | None]:
-        """The slot indexing each key now, or None."""
-
 
 __all__ = ["SlabSlots"]

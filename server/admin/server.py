@@ -11,7 +11,6 @@ import time
 import uvicorn
 
 from kvstore.errors import ConfigError
-from server.admin.main import build_app
 
 log = logging.getLogger("kvstore.admin")
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from fastapi.routing import APIRoute
 
 from kvstore import KVLayout, Metrics, TieredStore

@@ -48,6 +48,16 @@ def tokens_for(blocks: int, start: int = 1) -> list[int]:
     return list(range(start, start + 16 * blocks + 1))
 
 
+def assert_stored(store: TieredStore, pool: torch.Tensor, tokens: list[int],
+                  blocks: list[int]) -> None:
+    """The first ``len(blocks)`` pages of ``tokens`` read back as those engine blocks."""
+    keys = NS.chain(tokens).keys[: len(blocks)]
+    out = np.empty((len(blocks), LAYOUT.page_bytes), np.uint8)
+    assert all(store.get(NS.id, keys, out).found)
+    for got, b in zip(out, blocks):
+        assert np.array_equal(got, block(pool, b))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_save_into_scattered_slots(device: str) -> None:
     host = HostTier("host", LAYOUT, 24, Metrics())
@@ -60,11 +70,7 @@ def test_save_into_scattered_slots(device: str) -> None:
     tokens = tokens_for(len(blocks))
     worker = save(store, pool, tokens, blocks)
     assert worker.stats().blocks_saved == len(blocks)
-    keys = NS.chain(tokens).keys[: len(blocks)]
-    out = np.empty((len(blocks), LAYOUT.page_bytes), np.uint8)
-    assert all(store.get(NS.id, keys, out).found)
-    for got, b in zip(out, blocks):
-        assert np.array_equal(got, block(pool, b))
+    assert_stored(store, pool, tokens, blocks)
     store.check_integrity()
     store.close()
 
@@ -84,9 +90,7 @@ def test_a_save_without_room_stores_what_fits(device: str) -> None:
     keys = NS.chain(tokens).keys[:4]
     assert host.contains(keys) == [True, True, False, False]
     assert host.contains(held.keys[:2]) == [True, True]
-    out = np.empty((2, LAYOUT.page_bytes), np.uint8)
-    assert all(store.get(NS.id, keys[:2], out).found)
-    assert np.array_equal(out[1], block(pool, 6))
+    assert_stored(store, pool, tokens, [5, 6])
     store.release(pin)  # type: ignore[arg-type]
     store.check_integrity()
     store.close()

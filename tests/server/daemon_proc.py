@@ -21,7 +21,7 @@ TINY_LAYOUT = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "block_size":
 
 def write_config(directory: Path, *, host: str = "1MiB", disk: str | None = "4MiB",
                  extra_daemon: str = "", write_policy: str = "write_through") -> Path:
-    lines = [f'model_id = "test"', "", "[layout]"]
+    lines = ['model_id = "test"', "", "[layout]"]
     lines += [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in TINY_LAYOUT.items()]
     lines += ["", "[store]", f'write_policy = "{write_policy}"', "", "[daemon]",
               f'data_dir = "{directory}"', f'socket = "{directory}/kvstore.sock"', extra_daemon,
