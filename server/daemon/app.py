@@ -133,6 +133,8 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     stopping = threading.Event()
     servicer = Servicer(service, stopping)
     hs = health.HealthServicer()
+    for name in ("", SERVICE_NAME):  # grpc's servicer starts "" as SERVING: not before we are
+        hs.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     options = [("grpc.max_receive_message_length", int(dcfg.max_message_bytes)),
                ("grpc.max_send_message_length", int(dcfg.max_message_bytes)),
                ("grpc.so_reuseport", 0)]
