@@ -11,13 +11,16 @@ A third run shows the lower tiers: two conversations take turns on an hbm pool t
 about one of them, over a host tier with the KV connector. Each turn evicts the other
 conversation's cached blocks from hbm (the connector saved them to host as they filled), so
 every turn after the first of each conversation loads its history back from host instead of
-recomputing it. Run it with ``kvstore demo [--model small|DIR]`` or ``python -m runtime.demo``.
+recomputing it. Given a sidecar daemon (``kvstore serve``; ``kvstore demo`` starts one), a
+fourth run shows two workers sharing it: worker 1 computes the conversation's last prompt, and
+worker 2, an engine with a pool of its own, loads that prefix from the daemon's shared memory.
+Run it with ``kvstore demo [--model small|DIR]`` or ``python -m runtime.demo``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -88,6 +91,8 @@ class DemoResult:
     without_cache: list[TurnStats]
     #: two conversations taking turns on a small pool over a host tier
     with_host: list[TurnStats]
+    #: two workers sharing a sidecar daemon (empty without one)
+    through_daemon: tuple[TurnStats, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,7 @@ def run_chat_demo(
     num_threads: int | None = 1,
     console: Console | None = None,
     progress: Console | None = None,
+    daemon: str | None = None,
 ) -> DemoResult:
     """Run the conversation with and without prefix caching, then two conversations over a host
     tier; print the tables; return the numbers.
@@ -130,8 +136,10 @@ def run_chat_demo(
         raise InvalidArgument(f"turns must be in [1, {len(USER_TURNS)}], got {turns}",
                               hint=f"the scripted chat has {len(USER_TURNS)} user turns")
     cfg = _model_config(model)
-    # phases: loading, 2 runs x (warm-up + turns), then 2 conversations x turns over host
-    steps = _Steps(progress or Console(stderr=True), 1 + 2 * (1 + turns) + 2 * turns)
+    # phases: loading, 2 runs x (warm-up + turns), 2 conversations x turns over host, then
+    # 2 workers through the daemon
+    steps = _Steps(progress or Console(stderr=True),
+                   1 + 2 * (1 + turns) + 2 * turns + (2 if daemon else 0))
     before = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -139,10 +147,18 @@ def run_chat_demo(
         with steps:
             demo = _load(model, cfg, seed, turns, max_tokens, steps)
             result = _run(demo, turns, seed, block_size, max_tokens, num_blocks, steps)
+            if daemon is not None:
+                result = replace(result, through_daemon=_run_through_daemon(
+                    demo, turns, seed, block_size, max_tokens, daemon, steps))
     finally:
         torch.set_num_threads(before)
     _print(result, demo, console or Console())
     return result
+
+
+def demo_layout(model: str, block_size: int = 16) -> KVLayout:
+    """The page layout of ``model``'s KV (what a daemon the demo uses must store)."""
+    return _model_config(model).kv_layout(block_size)
 
 
 def _model_config(model: str) -> ModelConfig:
@@ -309,6 +325,35 @@ def _run_with_host(model: LlamaForPagedLM, tok: Tokenizer, layout: KVLayout, tur
     return stats
 
 
+def _run_through_daemon(demo: DemoModel, turns: int, seed: int, block_size: int,
+                        max_tokens: int, daemon: str, steps: _Steps) -> tuple[TurnStats, ...]:
+    """Two workers, each an engine with its own pool and its own connection to the daemon, run
+    the same prompt (the whole chat): worker 1 computes it and saves its pages to the daemon;
+    worker 2 finds them there and loads them from the daemon's shared memory."""
+    tok = demo.tokenizer
+    history = tok.encode(f"{SYSTEM_PROMPT} [daemon]", add_bos=True)
+    for k in range(turns):
+        history = history + tok.encode(_user_text(k))
+    blocks = -(-(len(history) + max_tokens) // block_size) + 2
+    stats = []
+    for worker in (1, 2):
+        steps.next(f"two workers sharing the daemon: worker {worker}")
+        engine = Engine._over_store(demo.model, f"demo/{demo.label}/{seed}/daemon", "cpu",
+                                    num_blocks=blocks, block_size=block_size, daemon=daemon)
+        try:
+            (out,) = engine.generate([history], SamplingParams(max_tokens=max_tokens))
+            engine.drain()  # worker 1's pages are in the daemon before worker 2 asks
+        finally:
+            engine.close()
+        m = out.metrics
+        assert m.ttft_s is not None, out.error
+        stats.append(TurnStats(turns, len(history), m.ttft_s, m.num_tokens_computed,
+                               m.num_tokens_reused.get("hbm", 0),
+                               sum(n for t, n in m.num_tokens_reused.items() if t != "hbm"),
+                               f"worker {worker}", tuple(out.output_token_ids)))
+    return tuple(stats)
+
+
 #: Under the first table: what the speedup column means, and why turn 1 has none.
 SPEEDUP_NOTE = ("speedup = TTFT with no cache / with cache; — where nothing was reused (turn 1 "
                 "computes the same tokens either way)")
@@ -342,6 +387,8 @@ def _print(result: DemoResult, demo: DemoModel, console: Console) -> None:
         table.add_row(str(t.turn), t.conversation, str(t.prompt_tokens), f"{t.ttft_s * 1e3:.1f}",
                       str(t.tokens_computed), str(t.tokens_reused), str(t.tokens_from_host))
     console.print(table)
+    if result.through_daemon:
+        _print_daemon(result.through_daemon, console)
     if demo.tokenizer_note is None:
         return
     last = result.with_cache[-1]
@@ -351,6 +398,20 @@ def _print(result: DemoResult, demo: DemoModel, console: Console) -> None:
              f"reply to turn {last.turn} (with cache), token ids: {list(last.reply_token_ids)}")
     for line in (demo.tokenizer_note, reply):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_daemon(stats: tuple[TurnStats, ...], console: Console) -> None:
+    table = Table(title="two workers sharing the sidecar daemon (kvstore serve): worker 2 loads "
+                        "worker 1's pages from the daemon's shared memory")
+    for col in ("worker", "prompt\ntokens", "TTFT ms", "computed", "loaded\nfrom daemon",
+                "same reply\nas worker 1"):
+        _add_column(table, col)
+    first = stats[0]
+    for t in stats:
+        table.add_row(t.conversation, str(t.prompt_tokens), f"{t.ttft_s * 1e3:.1f}",
+                      str(t.tokens_computed), str(t.tokens_from_host),
+                      "yes" if t.reply_token_ids == first.reply_token_ids else "NO")
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -62,14 +62,34 @@ def demo(
     turns: Annotated[int, typer.Option(  # max: len(runtime.demo.USER_TURNS), kept by a test
         min=1, max=6, help="chat turns; the scripted chat has 6")] = 4,
     max_tokens: Annotated[int, typer.Option(min=1, max=512, help="new tokens per reply")] = 16,
+    daemon: Annotated[bool, typer.Option(
+        help="also start `kvstore serve` (embedded default, a temporary data directory), run "
+             "two workers against it, then stop it")] = True,
 ) -> None:
     """The bundled runtime on a multi-turn chat, with and without the prefix cache: per-turn
-    TTFT and tokens computed vs reused; then two chats over a host tier. Progress goes to
-    stderr."""
-    from runtime.demo import run_chat_demo
+    TTFT and tokens computed vs reused; two chats over a host tier; then two workers sharing a
+    sidecar daemon. Progress goes to stderr."""
+    from runtime.demo import demo_layout, run_chat_demo
 
     try:
-        run_chat_demo(model, turns, max_tokens=max_tokens, console=console, progress=err)
+        if not daemon:
+            run_chat_demo(model, turns, max_tokens=max_tokens, console=console, progress=err)
+            return
+        from server.daemon.process import DaemonProcess, layout_env
+
+        layout = demo_layout(model)
+        with tempfile.TemporaryDirectory(prefix="kvstore-demo-daemon-") as tmp:
+            err.print(f"starting kvstore serve (embedded default, data in {tmp})")
+            proc = DaemonProcess(Path(tmp), layout_env(layout)).start()
+            try:
+                run_chat_demo(model, turns, max_tokens=max_tokens, console=console,
+                              progress=err, daemon=proc.target)
+            finally:
+                code = proc.stop()
+            console.print(f"kvstore serve (pid {proc.proc.pid}, {proc.target}) stopped on "  # type: ignore[union-attr]
+                          f"SIGTERM: exit status {code}"
+                          f"{' (a clean drain)' if code == 0 else '; its log: ' + proc.tail()}",
+                          highlight=False, markup=False)
     except KVStoreError as exc:  # a model the demo cannot run is a usage error: exit 2
         err.print(f"[red]error:[/red] {escape(exc.message)}")
         if exc.hint:

@@ -55,6 +55,17 @@ def test_main_demo_runs_the_runtime_with_and_without_the_prefix_cache() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "TTFT" in proc.stdout and "reused" in proc.stdout
+    # then two workers share a `kvstore serve` it started: worker 2 loads worker 1's prompt
+    # from the daemon (all but the last, partial block) with the same greedy reply, and the
+    # daemon stops cleanly on SIGTERM
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in proc.stdout.splitlines() if line.startswith("│ worker")}
+    (prompt, _, computed1, loaded1, _), (prompt2, _, computed2, loaded2, same) = (
+        rows["worker 1"], rows["worker 2"])
+    assert prompt == prompt2 and (int(computed1), int(loaded1)) == (int(prompt), 0)
+    assert int(loaded2) == int(prompt) // 16 * 16 and int(computed2) == int(prompt) - int(loaded2)
+    assert same == "yes"
+    assert "stopped on SIGTERM: exit status 0 (a clean drain)" in proc.stdout
 
 
 def test_config_command_prints_effective_config() -> None:

@@ -76,9 +76,10 @@ def test_readable_headers_no_turn_1_speedup_and_progress_first() -> None:
             "computes the same tokens either way)") in out
     # progress, one line per phase, before any result
     steps = [line for line in out.splitlines() if line.startswith("[")]
-    assert steps[0] == "[1/11] loading model 'small' (random weights)"
-    assert steps[1] == "[2/11] with cache: warm-up"
-    assert steps[-1] == "[11/11] two conversations over a host tier: turn 2, conversation B"
+    assert steps[0] == "[1/13] loading model 'small' (random weights)"
+    assert steps[1] == "[2/13] with cache: warm-up"
+    assert steps[-3] == "[11/13] two conversations over a host tier: turn 2, conversation B"
+    assert steps[-1] == "[13/13] two workers sharing the daemon: worker 2"
     assert out.index(steps[-1]) < out.index("multi-turn chat")
 
 
@@ -98,7 +99,7 @@ def test_runs_a_save_pretrained_checkpoint_with_its_tokenizer(
     assert row1.split("│")[2].strip() == str(_tokens_turn_1(tok))  # not 257 byte ids
     assert f"tokenizer: {path / 'tokenizer.json'}" in proc.stdout.replace("\n", "")
     assert "reply to turn 2 (with cache): " in proc.stdout
-    assert f"[1/11] loading checkpoint {path}" in proc.stderr.replace("\n", "")
+    assert f"[1/13] loading checkpoint {path}" in proc.stderr.replace("\n", "")
 
 
 def test_checkpoint_without_tokenizer_json_runs_on_byte_ids(
