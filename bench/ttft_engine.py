@@ -101,6 +101,7 @@ TARGET_SPEEDUP_32K = 12.0  # host hit vs recompute, GPU, 32K tokens
 TARGET_FLOOR = 1 / 1.25  # host hit <= 1.25 x (PCIe floor + suffix compute)
 TARGET_OVERLAP = 1 / 1.1  # layer-wise host hit <= 1.1 x max(load, compute)
 TARGET_NO_REUSE = 0.98  # <= 2 % overhead with the store attached and nothing found
+TARGET_DAEMON = 0.9  # the daemon's host-hit speedup >= 0.9 x the in-process connector's
 
 
 class BenchError(RuntimeError):
@@ -119,15 +120,17 @@ class Plan:
     disk_lengths: frozenset[int]
     redis_lengths: frozenset[int]
     gpu: bool
+    daemon_lengths: frozenset[int] = frozenset()
 
     @classmethod
     def for_device(cls, gpu: bool) -> Plan:
         if gpu:
             return cls((4096, 16384, 32768), 3, 4, frozenset({4096, 16384}),
-                       frozenset({4096}), True)
+                       frozenset({4096}), True, frozenset({4096, 32768}))
         # CPU: each run takes milliseconds, so more of them make the medians robust on a
         # noisy 2-core machine at little cost (the engine part stays under ~15 s).
-        return cls((256, 1024), 5, 8, frozenset({256, 1024}), frozenset({256, 1024}), False)
+        return cls((256, 1024), 5, 8, frozenset({256, 1024}), frozenset({256, 1024}), False,
+                   frozenset({256, 1024}))
 
 
 @dataclass
@@ -482,6 +485,53 @@ def _lower_tier_case(kind: str, model: LlamaForPagedLM, layout: KVLayout, ns: Na
         store.close()
 
 
+def _daemon_case(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, prompts: _Prompts,
+                 n: int, device: torch.device, runs: int, notes: list[str]) -> float | None:
+    """TTFT with the prefix only in the host tier of a ``kvstore serve`` (its shared-memory
+    slab; registered for DMA on a GPU), through the daemon-client connector; None (with a note)
+    when no daemon can run here."""
+    from server.daemon.process import DaemonProcess, layout_env
+
+    nblk = (n - 1) // BLOCK
+    host_bytes = (nblk + 64) * layout.page_bytes
+    env = {**layout_env(layout),
+           "KVSTORE_TIERS": f'[{{"kind": "host", "capacity": "{host_bytes}B"}}]'}
+    with tempfile.TemporaryDirectory(prefix="kvbench-ttft-daemon-") as tmp:
+        try:
+            daemon = DaemonProcess(Path(tmp), env).start()
+        except Exception as exc:  # noqa: BLE001 - e.g. no grpc, or /dev/shm too small
+            notes.append(f"daemon host hit at {n} tokens skipped: {exc}")
+            return None
+        engine: Engine | None = None
+        try:
+            engine = Engine._over_store(model, ns.model_id, device, num_blocks=_pool_blocks(n),
+                                        block_size=BLOCK, daemon=daemon.target,
+                                        **_engine_kwargs(n))
+            eng = engine
+            p = prompts.new(n)
+            keys = ns.chain(p).keys[:nblk]
+            _, out = _timed_generate(eng, p, device)
+            _expect(out, {"hbm": 0, "host": 0}, f"daemon host hit, {n} tokens (fill)")
+
+            def only_in_daemon() -> None:
+                eng.drain(timeout_s=120.0)
+                _evict(eng.store, "hbm")
+                found = eng.daemon.lookup(keys).num_blocks
+                if found != nblk or any(eng.store.tier("hbm").contains(list(keys))):
+                    raise BenchError(f"daemon host hit, {n} tokens: the daemon holds {found} of "
+                                     f"the prefix's {nblk} pages, or hbm still holds some")
+
+            return _timed_case(eng, lambda: p, only_in_daemon, {"hbm": 0, "host": nblk * BLOCK},
+                               f"daemon host hit, {n} tokens", device, runs)
+        finally:
+            if engine is not None:
+                engine.close()
+            code = daemon.stop()
+            if code != 0:
+                notes.append(f"kvstore serve exited {code} after the {n}-token case: "
+                             f"{daemon.tail()}")
+
+
 # ===================================================================== driver
 
 
@@ -500,7 +550,7 @@ def measure(model: LlamaForPagedLM, cfg: ModelConfig, name: str, device: torch.d
     if redis_exe is None and plan.redis_lengths:
         res.notes.append("redis-server not found (PATH or .redis/redis-server): redis hit skipped")
     steps = sum(6 + (n in plan.disk_lengths) + (n in plan.redis_lengths and redis_exe is not None)
-                for n in plan.lengths)
+                + (n in plan.daemon_lengths) for n in plan.lengths)
     bar = _Progress(steps, progress)
     results: dict[int, dict[str, float]] = {}
     try:
@@ -544,6 +594,16 @@ def measure(model: LlamaForPagedLM, cfg: ModelConfig, name: str, device: torch.d
                 finally:
                     _free_memory(device)
                 bar.done()
+            if n in plan.daemon_lengths:
+                bar.step(f"{n}: daemon host hit")
+                try:
+                    got = _daemon_case(model, layout, ns, prompts, n, device, plan.runs,
+                                       res.notes)
+                finally:
+                    _free_memory(device)
+                if got is not None:
+                    r["daemon"] = got
+                bar.done()
             results[n] = r
     finally:
         bar.close()
@@ -586,6 +646,8 @@ def _lines(results: dict[int, dict[str, float]], name: str, plan: Plan,
         for kind in ("disk", "redis"):
             if kind in ms:
                 ttft(f"{kind} hit", ms[kind], "engine cold (recompute)", cold)
+        if "daemon" in ms:  # ratio: the daemon's speedup over recompute / the in-process one's
+            ttft("daemon host hit", ms["daemon"], "host hit (in-process connector)", ms["host"])
         ttft("no reuse, with store", ms["noreuse_with"], "no store (same runtime)",
              ms["noreuse_without"])
         ttft("no reuse, without store", ms["noreuse_without"])
@@ -629,6 +691,11 @@ def _headline(results: dict[int, dict[str, float]], plan: Plan) -> list[str]:
                f"{worst} tokens (target >= {TARGET_OVERLAP:.3f}: "
                f"{_verdict(lw[worst] >= TARGET_OVERLAP)}); load-then-compute "
                f"{ltc[worst]:.3f} there")
+    dm = {n: x["host"] / x["daemon"] for n, x in results.items() if "daemon" in x}
+    if dm:
+        n = max(dm)
+        out.append(f"daemon host hit at {n} tokens: {dm[n]:.3f} x the in-process connector's "
+                   f"speedup (target >= {TARGET_DAEMON}: {_verdict(dm[n] >= TARGET_DAEMON)})")
     nr = {n: x["noreuse_without"] / x["noreuse_with"] for n, x in results.items()}
     worst = min(nr, key=nr.__getitem__)
     out.append(f"no reuse: without store / with store, worst {nr[worst]:.3f} at {worst} tokens "

@@ -149,6 +149,7 @@ class DaemonStore:
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvstore-daemon-client")
         self._closed = False
         self._remote_tiers = False  # learnt from each lookup reply
+        self._dma = False  # the slab mapping is registered with CUDA (cudaHostRegister)
         info = self._connect()
         self.layout = KVLayout(info.layout.num_layers, info.layout.num_kv_heads,
                                info.layout.head_dim, info.layout.block_size, info.layout.dtype,
@@ -185,7 +186,14 @@ class DaemonStore:
                     f"the daemon came back with a {info.shm_bytes}-byte slab of "
                     f"{info.layout.page_bytes}-byte pages; this client mapped {self._slab.nbytes}")
             else:
+                # CUDA pinned the old segment's pages: DMA through a stale registration would
+                # read and write the old daemon's slab, so register the new mapping afresh
+                registered = self._dma
+                if registered:
+                    self._dma_unregister()
                 self._slab.remap(info.shm_name)
+                if registered:
+                    self.register_for_dma()
         except KVStoreError:
             stream.cancel()
             channel.close()
@@ -519,15 +527,30 @@ class DaemonStore:
 
     def register_for_dma(self) -> None:
         """Page-lock the slab mapping for CUDA copies (cudaHostRegister); CUDA only, lazy.
-        Call before the worker registers a CUDA KV cache."""
+        Call before the worker registers a CUDA KV cache. Idempotent; a reconnect that maps a
+        new daemon's slab registers that one, and :meth:`close` unregisters."""
         import torch
 
+        if self._dma:
+            return
         if not torch.cuda.is_available():
             raise InvalidArgument("register_for_dma needs CUDA", hint="a CPU cache needs none")
         assert self._slab is not None
         rc = torch.cuda.cudart().cudaHostRegister(self._slab.address, self._slab.nbytes, 0)
         if int(rc) != 0:
             raise InvalidArgument(f"cudaHostRegister of the shared slab failed: {rc}")
+        self._dma = True
+
+    @property
+    def dma_registered(self) -> bool:
+        return self._dma
+
+    def _dma_unregister(self) -> None:
+        import torch
+
+        assert self._slab is not None
+        torch.cuda.cudart().cudaHostUnregister(self._slab.address)
+        self._dma = False
 
     def close(self) -> None:
         """End the session (the daemon frees what it still holds) and unmap the slab: close
@@ -541,6 +564,8 @@ class DaemonStore:
         if self._channel is not None:
             self._channel.close()
         if self._slab is not None:
+            if self._dma:
+                self._dma_unregister()
             self._slab.close()
 
     def __enter__(self) -> DaemonStore:
