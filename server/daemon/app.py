@@ -32,8 +32,6 @@ from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError
-from server.admin import AdminServer, NamespaceDefaults, serve_admin
-from server.admin.server import is_loopback, split_listen
 from server.daemon.service import DaemonService, Limits
 from server.daemon.servicer import Servicer, TokenAuth
 
@@ -79,7 +77,7 @@ class Daemon:
     slab: shm.SharedSlab
     socket_path: Path
     stopping: threading.Event
-    admin: AdminServer | None = None
+    admin: Any = None  # a server.admin.AdminServer when the admin API is on
 
     def stop(self) -> None:
         self.health.enter_graceful_shutdown()
@@ -179,11 +177,15 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     return daemon
 
 
-def _serve_admin(cfg: KVStoreConfig, store: Any) -> AdminServer | None:
+def _serve_admin(cfg: KVStoreConfig, store: Any) -> Any:
     acfg = cfg.admin
     if acfg.token is None or not acfg.token.get_secret_value():
         log.info("admin API off (set admin.token or KVSTORE_ADMIN__TOKEN to serve it)")
         return None
+    # imported only when on: a daemon without the admin API needs no FastAPI or uvicorn
+    from server.admin import NamespaceDefaults, serve_admin
+    from server.admin.server import is_loopback, split_listen
+
     host, port = split_listen(acfg.listen)
     secret = cfg.security.secret_bytes()
     admin = serve_admin(store, host, port, acfg.token.get_secret_value(),
