@@ -206,17 +206,20 @@ class AdminService:
             self._ns_cache = (time.monotonic(), held)
         page = self.store.layout.page_bytes
         mine = self._default_namespace().id
-        counted = now.namespaces.rows
-        rows = [s.NamespaceStats(
+        traffic = now.namespaces
+
+        def order(ns: bytes) -> tuple[int, int, bytes]:
+            c = traffic.get(ns)
+            return -sum(held.get(ns, {}).values()), -(c.lookup_hit + c.lookup_miss), ns
+
+        top = sorted(held.keys() | traffic.rows.keys(), key=order)[:_TOP_NAMESPACES]
+        return [s.NamespaceStats(
             namespace_id=ns.hex(), label=self.defaults.model_id if ns == mine else "",
             pages=held.get(ns, {}), bytes=sum(held.get(ns, {}).values()) * page,
             stored_pages=self.events.stored.get(ns, 0),
             removed_pages=self.events.removed.get(ns, 0),
-            **_traffic(now.namespaces.get(ns), m1.namespaces.get(ns), m15.namespaces.get(ns)))
-            for ns in held.keys() | counted.keys()]
-        rows.sort(key=lambda r: (-r.bytes, -(r.lookup_hit_blocks + r.lookup_miss_blocks),
-                                 r.namespace_id))
-        return rows[:_TOP_NAMESPACES]
+            **_traffic(traffic.get(ns), m1.namespaces.get(ns), m15.namespaces.get(ns)))
+            for ns in top]
 
     # ----------------------------------------------------------------- lookup
 
