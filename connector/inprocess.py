@@ -223,16 +223,21 @@ class InProcessScheduler(KVConnectorScheduler):
                 try:
                     return pending.future.result()
                 except Exception:  # noqa: BLE001 - a failed remote lookup is a local answer
-                    return self.store.lookup(keys, lease=True, local_only=True)
+                    return self._store_lookup(keys, local_only=True)
             del self._pending[request_id]  # asked for other tokens now
             self._abandon(pending)
-        found = self.store.lookup(keys, lease=True, local_only=True)
+        found = self._store_lookup(keys, local_only=True)
         if found.num_blocks == len(keys) or not self.store.has_remote_tiers:
             return found
         if found.lease is not None:
             self._release(found.lease)
-        self._pending[request_id] = _Pending(keys, self.store.lookup_async(keys, lease=True))
+        self._pending[request_id] = _Pending(
+            keys, self.store.lookup_async(keys, lease=True, namespace_id=self.namespace.id))
         return None
+
+    def _store_lookup(self, keys: tuple[bytes, ...], *, local_only: bool) -> LookupResult:
+        return self.store.lookup(keys, lease=True, local_only=local_only,
+                                 namespace_id=self.namespace.id)
 
     def _abandon(self, pending: _Pending) -> None:
         """Release the lease a dropped lookup took (or will take, once it finishes)."""
@@ -281,6 +286,7 @@ class InProcessScheduler(KVConnectorScheduler):
         if declined:
             self.decisions["recompute"] += declined
             self._m_decisions.labels("recompute").inc(declined)
+            self.store.count_declined(self.namespace.id, declined)
         return n
 
     def update_state_after_alloc(

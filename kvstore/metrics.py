@@ -42,6 +42,12 @@ class Metrics:
             "Records that failed verification (dropped and served as misses), by reason.",
             ["tier", "reason"], registry=r,
         )
+        self.expired = Counter(
+            "kvstore_tier_expired_pages",
+            "Pages this node stored that a read or a presence check (lookup, put) found gone "
+            "after their TTL ran out (tiers with a TTL), by tier and operation.",
+            ["tier", "op"], registry=r,
+        )
         self.latency = Histogram(
             "kvstore_tier_op_seconds", "Tier batch operation latency.", ["tier", "op"],
             buckets=_BUCKETS, registry=r,

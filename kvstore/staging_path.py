@@ -16,6 +16,7 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
 from kvstore.metrics import Metrics
+from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy
 from kvstore.results import Lease, PutResult
 from kvstore.staging import LoadHandle, StoreHandle
@@ -29,6 +30,7 @@ class StagingPath:
     tiers: list[Tier]
     policies: list[EvictionPolicy]
     metrics: Metrics
+    namespace_counts: NamespaceCounters
     write_policy: str
     _lock: threading.RLock
     _leases: LeaseTable
@@ -81,7 +83,8 @@ class StagingPath:
 
         Mutates: pins each returned slot (its bytes stay until :meth:`complete_load`, even if
         the key is deleted or replaced meanwhile); counts the pinned pages as the tier's read
-        hits (and their bytes) and the rest as misses; touches the tier's policy for each hit
+        hits (and their bytes) and the rest as misses, and both as ``namespace_id``'s load hits
+        and misses; touches the tier's policy for each hit
         and counts ``selective`` hits (a page reaching ``selective_hits`` is copied down in the
         background). ``lease`` (from :meth:`lookup`) rides along and is released by
         :meth:`complete_load`. Pages below the staging tier are not fetched: prefetch them first.
@@ -102,6 +105,9 @@ class StagingPath:
         slots = slab_tier.pin_leading(list(keys), namespace_id)
         n = len(slots)
         t.count_reads(n, len(keys) - n)
+        if keys:
+            self.namespace_counts.add(namespace_id, NamespaceCounts(load_hit=n,
+                                                                    load_miss=len(keys) - n))
         handle = LoadHandle(next(self._handle_ids), self._leases.owner, t.name, namespace_id,
                             tuple(keys[:n]), tuple(slots), lease, slab_tier.slab)
         with self._lock:

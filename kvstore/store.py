@@ -55,11 +55,12 @@ from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
 from kvstore.metrics import Metrics
 from kvstore.mover import Mover
+from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.staging_path import StagingPath
-from kvstore.tiers.base import Tier, check_keys
+from kvstore.tiers.base import MissTally, Tier, check_keys
 from kvstore.tiers.hbm_owner import OwnedPool
 
 log = logging.getLogger("kvstore.store")
@@ -132,6 +133,9 @@ class TieredStore(StagingPath):
         self._mover = Mover()
         self._m_lookup_hit = self.metrics.lookups.labels("hit")
         self._m_lookup_miss = self.metrics.lookups.labels("miss")
+        #: lookups, loads and misses per namespace, of the calls that name one (see
+        #: :mod:`kvstore.namespace_stats`)
+        self.namespace_counts = NamespaceCounters()
         # Warm tiers (a disk index reopened after a restart) seed their policies.
         for tier, policy in zip(self.tiers, self.policies):
             for key in tier.keys():
@@ -146,24 +150,28 @@ class TieredStore(StagingPath):
     # ----------------------------------------------------------------- lookup and leases
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
-               local_only: bool = False) -> LookupResult:
+               local_only: bool = False, namespace_id: bytes | None = None) -> LookupResult:
         """The longest run of leading ``keys`` held by some tier, with the fastest tier of each.
 
         With ``lease=True`` the hit pages are pinned (never evicted) until :meth:`release` or
         until ``lease_ttl_s`` passes, so a load that follows cannot race eviction. With
         ``local_only`` the shared (network) tiers are not asked: the answer never waits on a
         remote server (a scheduler thread's lookup; see :meth:`lookup_async` and
-        :attr:`has_remote_tiers`).
+        :attr:`has_remote_tiers`). ``namespace_id``: whose lookup this is (the keys do not
+        tell); its hits, misses and expired pages are counted in :attr:`namespace_counts`.
         """
         self._check_open()
         check_keys(keys)
+        if namespace_id is not None:
+            check_namespace(namespace_id)
+        tally = MissTally() if namespace_id is not None else None
         t0 = time.perf_counter()
         tiers: list[str] = []
         asked = [t for t in self.tiers if not (local_only and t.shared)]
         pos, n = 0, len(keys)
         while pos < n:
             for ti, tier in enumerate(asked):
-                run = tier.count_leading(keys[pos:])
+                run = tier.count_leading(keys[pos:], tally)
                 if run:
                     if ti:  # hand back the part of the run that a faster tier also holds
                         window = keys[pos : pos + run]
@@ -187,6 +195,10 @@ class TieredStore(StagingPath):
             del tiers[pos:]
         self._m_lookup_hit.inc(pos)
         self._m_lookup_miss.inc(n - pos)
+        if namespace_id is not None:
+            assert tally is not None
+            self.namespace_counts.add(namespace_id, NamespaceCounts(
+                lookup_hit=pos, lookup_miss=n - pos, expired=tally.expired, timeout=tally.failed))
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         return LookupResult(pos, tuple(tiers), granted)
 
@@ -202,13 +214,25 @@ class TieredStore(StagingPath):
                 return i
         return pos
 
-    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False) -> Future[LookupResult]:
+    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False,
+                     namespace_id: bytes | None = None) -> Future[LookupResult]:
         """:meth:`lookup` of every tier on the store's prefetch threads. A caller that drops
         the future before it is done must release the lease it carries (``add_done_callback``).
         Raises what :meth:`lookup` raises for bad keys, at once."""
         self._check_open()
         check_keys(keys)
-        return self._executor.submit(self.lookup, list(keys), lease=lease)
+        if namespace_id is not None:
+            check_namespace(namespace_id)
+        return self._executor.submit(self.lookup, list(keys), lease=lease,
+                                     namespace_id=namespace_id)
+
+    def count_declined(self, namespace_id: bytes, num_blocks: int) -> None:
+        """Count ``num_blocks`` matched blocks of ``namespace_id`` that a connector recomputes
+        instead of loading (load-or-recompute), in :attr:`namespace_counts`."""
+        check_namespace(namespace_id)
+        check_count("num_blocks", num_blocks, 0)
+        if num_blocks:
+            self.namespace_counts.add(namespace_id, NamespaceCounts(declined=num_blocks))
 
     @property
     def has_remote_tiers(self) -> bool:
@@ -457,10 +481,12 @@ class TieredStore(StagingPath):
     def _get(self, ns: bytes, keys: list[bytes], views: list[np.ndarray]) -> GetResult:
         found: list[str | None] = [None] * len(keys)
         todo = list(range(len(keys)))
+        tally = MissTally()
         for ti, tier in enumerate(self.tiers):
             if not todo:
                 break
-            ok = self._timed_read(tier, ns, [keys[i] for i in todo], [views[i] for i in todo])
+            ok = self._timed_read(tier, ns, [keys[i] for i in todo], [views[i] for i in todo],
+                                  tally)
             hit_idx = [i for i, f in zip(todo, ok) if f]
             miss_keys = [keys[i] for i, f in zip(todo, ok) if not f]
             for i in hit_idx:
@@ -469,7 +495,15 @@ class TieredStore(StagingPath):
             if ti > 0 and hit_idx and self.promote_on_hit:
                 self._promote_later(tier, [keys[i] for i in hit_idx], [views[i] for i in hit_idx])
             todo = [i for i, f in zip(todo, ok) if not f]
+        if keys:
+            self._count_reads_of(ns, len(keys) - len(todo), len(todo), tally)
         return GetResult(tuple(f is not None for f in found), tuple(found))
+
+    def _count_reads_of(self, ns: bytes, hits: int, misses: int, tally: MissTally) -> None:
+        """Count a namespace's pages read (``hits``), missed, and why tiers missed them."""
+        self.namespace_counts.add(ns, NamespaceCounts(
+            load_hit=hits, load_miss=misses, corrupt=tally.corrupt, expired=tally.expired,
+            timeout=tally.failed))
 
     def _promote_later(self, src: Tier, keys: list[bytes], views: list[np.ndarray]) -> None:
         """Copy pages just read from ``src`` into ``tiers[0]`` on the mover thread (from a
@@ -539,11 +573,12 @@ class TieredStore(StagingPath):
     # ----------------------------------------------------------------- read bandwidth
 
     def _timed_read(
-        self, tier: Tier, ns: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
+        self, tier: Tier, ns: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray],
+        tally: MissTally | None = None,
     ) -> list[bool]:
         """``tier.read``, feeding the tier's bandwidth average when it returned pages."""
         t0 = time.perf_counter()
-        found = tier.read(ns, keys, outs)
+        found = tier.read(ns, keys, outs, tally)
         self._bw.sample(tier.name, sum(found) * self.layout.page_bytes, time.perf_counter() - t0)
         return found
 
@@ -568,12 +603,13 @@ class TieredStore(StagingPath):
     def _prefetch(self, ns: bytes, keys: list[bytes], ti: int) -> int:
         target = self.tiers[ti]
         missing = [k for k, here in zip(keys, target.contains(keys)) if not here]
+        tally = MissTally()
         for lower in range(ti + 1, len(self.tiers)):
             if not missing:
                 break
             src = self.tiers[lower]
             bufs = _scratch(len(missing), self.layout.page_bytes)
-            ok = self._timed_read(src, ns, missing, bufs)
+            ok = self._timed_read(src, ns, missing, bufs, tally)
             self._after_read(lower, [k for k, f in zip(missing, ok) if f], [k for k, f in zip(missing, ok) if not f])
             metas, views = [], []
             for k, f, buf in zip(missing, ok, bufs):
@@ -585,6 +621,8 @@ class TieredStore(StagingPath):
                 self.metrics.copies.labels("prefetch", target.name).inc(len(metas))
                 self._store_into(ti, metas, views)
             missing = [k for k, f in zip(missing, ok) if not f]
+        if tally.corrupt or tally.expired or tally.failed:  # the load that follows counts the rest
+            self._count_reads_of(ns, 0, 0, tally)
         return target.count_leading(keys)
 
     def delete(self, keys: Sequence[bytes]) -> int:

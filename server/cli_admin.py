@@ -76,10 +76,14 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1000 * x:.2f}"
 
 
+def _count(x: int | None) -> str:
+    return "-" if x is None else str(x)
+
+
 def render(st: dict[str, Any]) -> Group:
     tiers = Table(title="tiers", title_justify="left")
     for col in ("tier", "policy", "used / capacity", "hit 1m", "hit 15m", "hits",
-                "miss a/c/t", "in", "out", "evicted", "errors",
+                "miss a/c/e/t", "in", "out", "evicted", "errors",
                 "read p50/p99 ms"):
         tiers.add_column(col, justify="left" if col in ("tier", "policy") else "right")
     for t in st["tiers"]:
@@ -88,17 +92,23 @@ def render(st: dict[str, Any]) -> Group:
             f"{t['name']} ({t['kind']})", t["policy"],
             f"{t['used_pages']} / {t['capacity_pages']} ({_size(t['used_bytes'])})",
             _pct(t["hit_rate_1m"]), _pct(t["hit_rate_15m"]), str(t["hits"]),
-            f"{m['absent']}/{m['corrupt']}/{m['timeout']}", _size(t["bytes_in"]),
+            f"{m['absent']}/{m['corrupt']}/{_count(m['expired'])}/{m['timeout']}",
+            _size(t["bytes_in"]),
             _size(t["bytes_out"]), str(t["evictions"]), str(t["errors"]),
             f"{_ms(lat.get('p50_s'))} / {_ms(lat.get('p99_s'))}")
     s = st["store"]
     spaces = Table(title="top namespaces", title_justify="left")
-    for col in ("namespace", "pages per tier", "bytes", "stored", "removed"):
+    for col in ("namespace", "pages per tier", "bytes", "stored", "removed", "hit 1m", "hit 15m",
+                "lookup hit/miss", "miss c/e/t/d"):
         spaces.add_column(col, justify="left" if col in ("namespace", "pages per tier") else "right")
     for n in st["namespaces"][:10]:
+        nm = n["misses"]
         spaces.add_row(n["namespace_id"] + (f" ({n['label']})" if n["label"] else ""),
                        ", ".join(f"{k}: {v}" for k, v in n["pages"].items()),
-                       _size(n["bytes"]), str(n["stored_pages"]), str(n["removed_pages"]))
+                       _size(n["bytes"]), str(n["stored_pages"]), str(n["removed_pages"]),
+                       _pct(n["hit_rate_1m"]), _pct(n["hit_rate_15m"]),
+                       f"{n['lookup_hit_blocks']}/{n['lookup_miss_blocks']}",
+                       f"{nm['corrupt']}/{nm['expired']}/{nm['timeout']}/{nm['declined']}")
     summary = (f"lookups: {s['lookup_hit_blocks']} blocks hit, {s['lookup_miss_blocks']} missed "
                f"(1m {_pct(s['lookup_hit_rate_1m'])}); connector: {s['loaded_blocks']} loaded, "
                f"{s['declined_blocks']} recomputed; leases: {s['active_leases']}")

@@ -43,6 +43,7 @@ from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExcee
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
+from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.results import Lease, LookupResult, PutResult
 from kvstore.staging import LoadHandle, StoreHandle
 
@@ -135,6 +136,8 @@ class DaemonStore:
         self._m_fail = self.metrics.counter(
             "kvstore_daemon_client_failures", "Daemon calls that failed to reach it.", ["call"])
         self.failures: Counter[str] = Counter()
+        #: load-or-recompute declines counted in this process (as the decisions metric is)
+        self.namespace_counts = NamespaceCounters()
         self.owner = next(_owners)
         self._lock = threading.Lock()
         self._open: set[int] = set()  # handle ids issued and not yet completed/aborted
@@ -309,11 +312,12 @@ class DaemonStore:
         return self._bandwidth.get(tier_name) or None
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
-               local_only: bool = False) -> LookupResult:
-        """As :meth:`TieredStore.lookup`, under ``namespace_id``; a miss when the daemon is
-        down."""
+               local_only: bool = False, namespace_id: bytes | None = None) -> LookupResult:
+        """As :meth:`TieredStore.lookup`, under ``namespace_id`` (default: this client's); a
+        miss when the daemon is down. The daemon counts it for the namespace."""
         keys = list(keys)
-        req = pb.LookupRequest(session_id=self._session_id, namespace_id=self.namespace_id,
+        req = pb.LookupRequest(session_id=self._session_id,
+                               namespace_id=namespace_id or self.namespace_id,
                                keys=keys, lease=lease, local_only=local_only)
         try:
             r = self._call("Lookup", req)
@@ -328,9 +332,16 @@ class DaemonStore:
                             time.monotonic() + r.lease_ttl_s, self.owner)
         return LookupResult(r.num_blocks, tuple(r.tiers), granted)
 
-    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False) -> Future[LookupResult]:
+    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False,
+                     namespace_id: bytes | None = None) -> Future[LookupResult]:
         """:meth:`lookup` of every tier of the daemon's store, on a thread of this client."""
-        return self._pool.submit(self.lookup, list(keys), lease=lease)
+        return self._pool.submit(self.lookup, list(keys), lease=lease, namespace_id=namespace_id)
+
+    def count_declined(self, namespace_id: bytes, num_blocks: int) -> None:
+        """As :meth:`TieredStore.count_declined`, in this process's :attr:`namespace_counts`
+        (the daemon does not hear of a client's load-or-recompute decisions)."""
+        if num_blocks:
+            self.namespace_counts.add(namespace_id, NamespaceCounts(declined=num_blocks))
 
     @property
     def has_remote_tiers(self) -> bool:

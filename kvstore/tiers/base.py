@@ -17,6 +17,9 @@ Contract of the public methods (batch operations on lists of keys; keys are 16-b
   ``page_bytes``) under ``metas[i].key``, replacing any page of that key. False means refused
   (tier full, medium error); it is counted, never raised. The tier does not evict: the store
   decides what to evict and calls ``delete`` first.
+* ``read`` and ``count_leading`` take an optional :class:`MissTally` that the call fills with
+  why pages were missed (records dropped as corrupt, pages found expired, pages of a call that
+  failed whole): the store attributes them to the namespace it read for.
 * ``delete(keys) -> int`` — removes the keys; absent keys are ignored; returns how many existed.
 * ``meta(key) -> BlockMeta | None`` — the stored identity of a page (used to write it to another
   tier); ``keys()`` — every stored key (for rebuilding policy state after a warm restart).
@@ -27,9 +30,11 @@ changes. Tiers never read the environment; their settings arrive through the con
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -38,6 +43,18 @@ from kvstore.errors import InvalidArgument, StoreClosed, TierUnavailable
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics, TierStats
+
+
+@dataclass(slots=True)
+class MissTally:
+    """Why one ``read`` or ``count_leading`` call missed pages (the tier adds to it on the calling
+    thread while the call runs): ``corrupt`` records dropped because they failed verification,
+    ``expired`` pages found gone after their TTL ran out, ``failed`` pages of a call that failed
+    whole (timeout, unreachable server, open breaker)."""
+
+    corrupt: int = 0
+    expired: int = 0
+    failed: int = 0
 
 
 class Tier(ABC):
@@ -72,6 +89,7 @@ class Tier(ABC):
         self._m_bytes_out = m.bytes.labels(name, "out")
         self._m_lat = {op: m.latency.labels(name, op) for op in ("contains", "read", "write", "delete")}
         m.occupancy.labels(name, "capacity").set(capacity_pages)
+        self._tally = threading.local()  # .current: the MissTally of this thread's call, if any
 
     # ----------------------------------------------------------------- public, instrumented
 
@@ -89,19 +107,25 @@ class Tier(ABC):
         finally:
             self._m_lat["contains"].observe(time.perf_counter() - t0)
 
-    def count_leading(self, keys: Sequence[bytes]) -> int:
+    def count_leading(self, keys: Sequence[bytes], tally: MissTally | None = None) -> int:
         self._check_open()
         check_keys(keys)
         if not keys:
             return 0
+        self._tally.current = tally
         try:
             return self._count_leading(keys)
         except TierUnavailable:
             self.metrics.errors.labels(self.name, "contains").inc()
+            if tally is not None:
+                tally.failed += len(keys)
             return 0
+        finally:
+            self._tally.current = None
 
     def read(
-        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
+        self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray],
+        tally: MissTally | None = None,
     ) -> list[bool]:
         self._check_open()
         check_keys(keys)
@@ -111,11 +135,16 @@ class Tier(ABC):
         if not keys:
             return []
         t0 = time.perf_counter()
+        self._tally.current = tally
         try:
             found = self._read(namespace_id, keys, outs)
         except TierUnavailable:
             self.metrics.errors.labels(self.name, "read").inc()
             found = [False] * len(keys)
+            if tally is not None:
+                tally.failed += len(keys)
+        finally:
+            self._tally.current = None
         self._m_lat["read"].observe(time.perf_counter() - t0)
         hits = sum(found)
         self.count_reads(hits, len(keys) - hits)
@@ -224,7 +253,19 @@ class Tier(ABC):
     # ----------------------------------------------------------------- for implementations
 
     def count_corrupt(self, reason: str) -> None:
+        """Count one record that failed verification (dropped, served as a miss)."""
         self.metrics.corrupt.labels(self.name, reason).inc()
+        tally = getattr(self._tally, "current", None)
+        if tally is not None:
+            tally.corrupt += 1
+
+    def count_expired(self, n: int, op: str) -> None:
+        """Count ``n`` pages that ``op`` (read, contains) found gone after their TTL ran out
+        (a tier with a TTL)."""
+        self.metrics.expired.labels(self.name, op).inc(n)
+        tally = getattr(self._tally, "current", None)
+        if tally is not None:
+            tally.expired += n
 
     def count_reads(self, hits: int, misses: int) -> None:
         """Count pages read (hits, with their bytes) and missed -- by ``read``, and by the

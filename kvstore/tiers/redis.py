@@ -75,7 +75,14 @@ Capacity and state
 
 TTL
     With ``ttl_s`` every put sets the expiry and every hit refreshes it (GETEX), so pages that are
-    used stay and pages that are not expire: a sliding TTL.
+    used stay and pages that are not expire: a sliding TTL. A page this tier instance wrote is
+    counted *expired* (``kvstore_tier_expired_pages_total``, once) when a read or a presence check
+    finds it gone at least ``ttl_s`` after its put or its last refreshing hit (measured from the
+    reply, so never before the server's own expiry); gone earlier, it is merely absent (the
+    server's ``maxmemory`` policy, another node's delete). Pages other nodes wrote are not
+    tracked: their vanishing is absent too. Another node's put or hit of the same key extends
+    the server's TTL without this node knowing, so the count can only err towards *expired* for
+    a page that outlived this node's deadline and then vanished another way.
 
 Compression
     ``compression="zstd"`` (needs the ``zstandard`` package) compresses each page at level 1 and
@@ -93,6 +100,7 @@ Compression
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -222,7 +230,9 @@ class RedisTier(Tier):
         self._ttl_ms = b"%d" % max(1, round(ttl_s * 1000)) if ttl_s else None
         self._breaker_args = (breaker_failures, breaker_cooldown_s)
         self._lock = threading.Lock()
-        self._owned: set[bytes] = set()
+        #: pages this instance wrote and has not deleted or seen vanish -> the monotonic time by
+        #: which their TTL has surely run out (inf: no TTL)
+        self._owned: dict[bytes, float] = {}
         self._metas: OrderedDict[bytes, BlockMeta] = OrderedDict()
         #: Keys whose value failed verification when read (most recent last, bounded): present
         #: in Redis, but not pages — contains() answers False, so their owner's put rewrites them.
@@ -251,6 +261,7 @@ class RedisTier(Tier):
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         names = [self._name(k) for k in keys]
         found = [False] * len(keys)
+        gone: list[bytes] = []  # answered absent (not: on a server that failed)
         refusals = [0]
 
         def handle(io: RespIO, i: int) -> bool:
@@ -258,13 +269,14 @@ class RedisTier(Tier):
             if isinstance(reply, ReplyError):
                 return self._refused(reply, refusals)
             found[i] = reply
+            if not reply:
+                gone.append(keys[i])
             return False
 
         self._call("contains", names, lambda i: (command(b"EXISTS", names[i]),), handle)
         self._count_refusals("contains", refusals)
-        gone = [k for k, f in zip(keys, found) if not f]
         if gone:
-            self._forget(gone)
+            self._forget(gone, vanished="contains")
         with self._lock:
             rejected = self._rejected
             if rejected:
@@ -353,9 +365,9 @@ class RedisTier(Tier):
                 settle(i, got, heads[i])
         self._count_refusals("read", refusals)
         if hits:
-            self._remember(hits)
+            self._remember(hits, refreshed=self._getex)
         if gone:
-            self._forget(gone)
+            self._forget(gone, vanished="read")
         if bad:
             self._reject(bad)
         return found
@@ -401,8 +413,9 @@ class RedisTier(Tier):
         self._count_refusals("write", refusals)
         done = [m for m, ok in zip(metas, stored) if ok]
         if done:
+            deadline = time.monotonic() + self.ttl_s if self.ttl_s else math.inf
             with self._lock:
-                self._owned.update(m.key for m in done)
+                self._owned.update(dict.fromkeys([m.key for m in done], deadline))
             self._remember(done)
         return stored
 
@@ -719,24 +732,34 @@ class RedisTier(Tier):
 
     # ----------------------------------------------------------------- bookkeeping
 
-    def _remember(self, metas: Sequence[BlockMeta]) -> None:
-        """Headers just written or verified by a read: cached for meta(), no longer rejected."""
+    def _remember(self, metas: Sequence[BlockMeta], *, refreshed: bool = False) -> None:
+        """Headers just written or verified by a read: cached for meta(), no longer rejected.
+        ``refreshed``: the read reset their TTL (GETEX), so owned pages expire later."""
+        deadline = time.monotonic() + self.ttl_s if refreshed and self.ttl_s else None
         with self._lock:
-            cache = self._metas
+            cache, owned = self._metas, self._owned
             for m in metas:
                 cache[m.key] = m
                 cache.move_to_end(m.key)
                 self._rejected.pop(m.key, None)
+                if deadline is not None and m.key in owned:
+                    owned[m.key] = deadline
             while len(cache) > _META_CACHE:
                 cache.popitem(last=False)
 
-    def _forget(self, keys: Sequence[bytes]) -> None:
-        """Keys found absent or deleted."""
+    def _forget(self, keys: Sequence[bytes], *, vanished: str = "") -> None:
+        """Keys deleted, or that a server answered absent to operation ``vanished``: an owned
+        page whose TTL has surely run out by now is counted expired."""
+        now, expired = time.monotonic(), 0
         with self._lock:
             owned, rejected = self._owned, self._rejected
             for k in keys:
-                owned.discard(k)
+                deadline = owned.pop(k, None)
+                if vanished and deadline is not None and deadline <= now:
+                    expired += 1
                 rejected.pop(k, None)
+        if expired:
+            self.count_expired(expired, vanished)
 
     def _is_moved(self, reply: ReplyError) -> bool:
         return self._cluster is not None and reply.prefix in ("MOVED", "ASK")

@@ -1,7 +1,12 @@
 """Counters over time: a background thread samples the store's metrics every ``interval_s``
 and keeps 15 minutes of samples, from which the admin API computes windowed hit rates and the
-dashboard's rates (bytes/s, evictions/s). Reads only the metrics registry and tier occupancy:
-never takes the store lock, never does tier I/O."""
+dashboard's rates (bytes/s, evictions/s). Reads only the metrics registry, tier occupancy and
+the store's per-namespace counters (their own small lock): never takes the store lock, never
+does tier I/O.
+
+Memory: a sample's per-namespace part is a shallow copy of the store's rows, which are
+immutable and shared between samples while unchanged -- at the store's cap of 1024 namespaces,
+about 40 KiB a sample, 18 MiB for 15 minutes at the default 2 s interval."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from kvstore.namespace_stats import NamespaceSnapshot
 from kvstore.store import COPY_REASONS, TieredStore
 
 WINDOW_15M_S = 900.0
@@ -34,6 +40,7 @@ class Sample:
     copies: dict[str, float]  # "reason->tier": pages
     lookup_hit: float
     lookup_miss: float
+    namespaces: NamespaceSnapshot
 
 
 def take(store: TieredStore) -> Sample:
@@ -53,7 +60,8 @@ def take(store: TieredStore) -> Sample:
               for r in COPY_REASONS for t in store.tiers}
     return Sample(time.time(), time.monotonic(), tiers, copies,
                   v("kvstore_lookup_blocks_total", result="hit"),
-                  v("kvstore_lookup_blocks_total", result="miss"))
+                  v("kvstore_lookup_blocks_total", result="miss"),
+                  store.namespace_counts.snapshot())
 
 
 def ratio(hits: float, misses: float) -> float | None:

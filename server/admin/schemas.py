@@ -59,8 +59,11 @@ class Misses(_Out):
     corrupt: int = Field(description="records that failed verification: dropped, served as misses")
     timeout: int = Field(description="read calls that failed whole (timeout, server unreachable, "
                                      "breaker open): calls, not pages")
-    expired: int | None = Field(description="pages whose TTL ran out; null: the tier cannot tell "
-                                            "an expired page from an absent one")
+    expired: int | None = Field(description=(
+        "pages this node stored whose TTL (Redis ttl_s) had run out when a read or a lookup "
+        "found them gone, each counted once; the ones a read found are not in absent. Gone "
+        "before the TTL (maxmemory eviction, another node's delete) is absent. Null: the tier "
+        "has no TTL"))
 
 
 class Latency(_Out):
@@ -92,7 +95,38 @@ class TierStatsOut(_Out):
     latency: dict[str, Latency] = Field(description="per operation: read, write, contains, delete")
 
 
-class NamespaceStats(_Out):
+class NamespaceMisses(_Out):
+    """A namespace's misses by reason, from the calls that name the namespace (lookups and
+    loads of connectors and the daemon, reads; not the admin API's where-is lookups)."""
+
+    absent: int = Field(description="blocks lookups asked for past the leading run they found")
+    corrupt: int = Field(description="records of the namespace that reads dropped: failed "
+                                     "verification")
+    expired: int = Field(description="pages found gone after their TTL ran out (Redis ttl_s)")
+    timeout: int = Field(description="pages asked of a tier call that failed whole (timeout, "
+                                     "server unreachable, breaker open)")
+    declined: int = Field(description="matched blocks an in-process connector recomputed "
+                                      "instead of loading (load-or-recompute)")
+
+
+class NamespaceTraffic(_Out):
+    lookup_hit_blocks: int = Field(description="blocks of the leading runs lookups found")
+    lookup_miss_blocks: int
+    hit_rate_1m: float | None = Field(description="lookup hit blocks / blocks looked up over the "
+                                                  "last minute; null: no lookups")
+    hit_rate_15m: float | None
+    loaded_pages: int = Field(description="pages loads pinned and reads returned")
+    load_missed_pages: int = Field(description="pages loads and reads asked for and missed")
+    misses: NamespaceMisses
+
+
+class OtherNamespaces(NamespaceTraffic):
+    """The traffic of namespaces past the store's cap on tracked namespaces, summed."""
+
+    calls: int = Field(description="calls counted here")
+
+
+class NamespaceStats(NamespaceTraffic):
     namespace_id: HexKey
     label: str = Field(description="the configured namespace's model id, else empty")
     pages: dict[str, int] = Field(description="pages held per local tier (shared tiers: not scanned)")
@@ -124,7 +158,12 @@ class StatsOut(_Out):
     at: float = Field(description="unix time of the snapshot")
     tiers: list[TierStatsOut]
     store: StoreStatsOut
-    namespaces: list[NamespaceStats] = Field(description="by bytes held, largest first (at most 20)")
+    namespaces: list[NamespaceStats] = Field(
+        description="namespaces holding pages or with traffic: by bytes held, largest first, "
+                    "then by blocks looked up (at most 20)")
+    other_namespaces: OtherNamespaces = Field(
+        description="traffic of the namespaces the store does not track one by one (past its "
+                    "cap of 1024)")
     recent_removals: list[Removal] = Field(description="evictions and deletes, newest first")
 
 

@@ -15,10 +15,12 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError
 from kvstore.keys import Namespace
 from kvstore.metrics import TierStats
+from kvstore.namespace_stats import NamespaceCounts
 from kvstore.policy import POLICIES, EvictionPolicy
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Tier
@@ -120,7 +122,11 @@ class AdminService:
         removals = [s.Removal(at=r.at, tier=r.tier, pages=r.pages,
                               namespace_ids=[n.hex() for n in r.namespace_ids])
                     for r in list(self.events.recent)]
-        return s.StatsOut(at=now.at, tiers=tiers, store=store, namespaces=self.namespaces(),
+        ns = now.namespaces
+        other = s.OtherNamespaces(calls=ns.other_calls, **_traffic(
+            ns.other, m1.namespaces.other, m15.namespaces.other))
+        return s.StatsOut(at=now.at, tiers=tiers, store=store,
+                          namespaces=self.namespaces(now, m1, m15), other_namespaces=other,
                           recent_removals=removals)
 
     def _tier_stats(self, t: Tier, ts: TierStats, now: Sample, m1: Sample, m15: Sample,
@@ -129,9 +135,15 @@ class AdminService:
             a, b = now.tiers[t.name], old.tiers[t.name]
             return ratio(a.hits - b.hits, a.misses - b.misses)
 
-        timeouts = int(self.store.metrics.value("kvstore_tier_errors_total", tier=t.name, op="read"))
-        misses = s.Misses(absent=max(0, ts.misses - ts.corrupt), corrupt=ts.corrupt,
-                          timeout=timeouts, expired=None)
+        v = self.store.metrics.value
+        timeouts = int(v("kvstore_tier_errors_total", tier=t.name, op="read"))
+        has_ttl = isinstance(t, RedisTier) and bool(t.ttl_s)
+        expired_read = int(v("kvstore_tier_expired_pages_total", tier=t.name, op="read"))
+        expired = expired_read + int(v("kvstore_tier_expired_pages_total", tier=t.name,
+                                       op="contains"))
+        misses = s.Misses(absent=max(0, ts.misses - ts.corrupt - expired_read),
+                          corrupt=ts.corrupt, timeout=timeouts,
+                          expired=expired if has_ttl else None)
         return s.TierStatsOut(
             name=t.name, kind=t.kind, policy=policy_name(self.store.policies[self.store.tiers.index(t)]),
             capacity_pages=ts.capacity_pages, used_pages=ts.used_pages, page_bytes=ts.page_bytes,
@@ -176,9 +188,10 @@ class AdminService:
                 lookup_hit_rate=ratio(b.lookup_hit - a.lookup_hit, b.lookup_miss - a.lookup_miss)))
         return s.HistoryOut(interval_s=self.sampler.interval_s, points=points)
 
-    def namespaces(self) -> list[s.NamespaceStats]:
+    def namespaces(self, now: Sample, m1: Sample, m15: Sample) -> list[s.NamespaceStats]:
         """Pages per namespace in each local tier (a scan of the tiers' indexes, at most once
-        per sample interval), largest first."""
+        per sample interval) and each namespace's traffic (``now``'s counters, windowed
+        against ``m1`` and ``m15``): largest first, then busiest."""
         at, held = self._ns_cache
         if time.monotonic() - at >= self.sampler.interval_s:
             held = {}
@@ -193,12 +206,20 @@ class AdminService:
             self._ns_cache = (time.monotonic(), held)
         page = self.store.layout.page_bytes
         mine = self._default_namespace().id
-        rows = [s.NamespaceStats(
-            namespace_id=ns.hex(), label=self.defaults.model_id if ns == mine else "", pages=per,
-            bytes=sum(per.values()) * page, stored_pages=self.events.stored.get(ns, 0),
-            removed_pages=self.events.removed.get(ns, 0)) for ns, per in held.items()]
-        rows.sort(key=lambda r: (-r.bytes, r.namespace_id))
-        return rows[:_TOP_NAMESPACES]
+        traffic = now.namespaces
+
+        def order(ns: bytes) -> tuple[int, int, bytes]:
+            c = traffic.get(ns)
+            return -sum(held.get(ns, {}).values()), -(c.lookup_hit + c.lookup_miss), ns
+
+        top = sorted(held.keys() | traffic.rows.keys(), key=order)[:_TOP_NAMESPACES]
+        return [s.NamespaceStats(
+            namespace_id=ns.hex(), label=self.defaults.model_id if ns == mine else "",
+            pages=held.get(ns, {}), bytes=sum(held.get(ns, {}).values()) * page,
+            stored_pages=self.events.stored.get(ns, 0),
+            removed_pages=self.events.removed.get(ns, 0),
+            **_traffic(traffic.get(ns), m1.namespaces.get(ns), m15.namespaces.get(ns)))
+            for ns in top]
 
     # ----------------------------------------------------------------- lookup
 
@@ -335,6 +356,18 @@ def policy_name(policy: EvictionPolicy) -> str:
     """The registry name of a policy, else its import path."""
     path = f"{type(policy).__module__}:{type(policy).__name__}"
     return next((n for n, p in POLICIES.items() if p == path), path)
+
+
+def _traffic(now: NamespaceCounts, m1: NamespaceCounts, m15: NamespaceCounts) -> dict[str, Any]:
+    """The wire fields of one namespace's counters (hit rates windowed against ``m1``/``m15``)."""
+    return dict(
+        lookup_hit_blocks=now.lookup_hit, lookup_miss_blocks=now.lookup_miss,
+        hit_rate_1m=ratio(now.lookup_hit - m1.lookup_hit, now.lookup_miss - m1.lookup_miss),
+        hit_rate_15m=ratio(now.lookup_hit - m15.lookup_hit, now.lookup_miss - m15.lookup_miss),
+        loaded_pages=now.load_hit, load_missed_pages=now.load_miss,
+        misses=s.NamespaceMisses(absent=now.lookup_miss, corrupt=now.corrupt,
+                                 expired=now.expired, timeout=now.timeout,
+                                 declined=now.declined))
 
 
 def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:

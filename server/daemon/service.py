@@ -237,7 +237,7 @@ class DaemonService:
         s = self._session(session_id) if lease else None
         if s is not None:
             self._check_room(s)
-        found = self.store.lookup(keys, lease=lease, local_only=local_only)
+        found = self.store.lookup(keys, lease=lease, local_only=local_only, namespace_id=ns)
         if s is not None and found.lease is not None:
             try:
                 self._record(s, s.leases, found.lease.id, ns, found.lease)

@@ -34,14 +34,15 @@ class AdminDaemon(DaemonProc):
 
     def __init__(self, directory: Path, *, redis_url: str | None = None, host: str = "1MiB",
                  disk: str = "4MiB", redis: str = "4MiB", write_policy: str = "write_through",
-                 sample_interval_s: float = 0.25, promote_on_hit: bool = True) -> None:
+                 sample_interval_s: float = 0.25, promote_on_hit: bool = True,
+                 redis_ttl_s: float | None = None) -> None:
         config = write_config(directory, host=host, disk=disk, write_policy=write_policy)
         text = config.read_text()
         if not promote_on_hit:
             text = text.replace("[store]\n", "[store]\npromote_on_hit = false\n")
         if redis_url is not None:
             text += (f'\n[[tiers]]\nkind = "redis"\nurl = "{redis_url}"\ncapacity = "{redis}"\n'
-                     'timeout_s = 2.0\n')
+                     'timeout_s = 2.0\n' + (f"ttl_s = {redis_ttl_s}\n" if redis_ttl_s else ""))
         self.port = free_port()
         text += (f'\n[admin]\nlisten = "127.0.0.1:{self.port}"\n'
                  f"sample_interval_s = {sample_interval_s}\n")

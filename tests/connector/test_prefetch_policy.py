@@ -157,6 +157,9 @@ def test_load_or_recompute(setup: Setup, monkeypatch: pytest.MonkeyPatch,
     assert sched.decisions["load"] == N - 2 - declined
     assert _decisions(s.store, "recompute") == declined
     assert _decisions(s.store, "load") == N - 2 - declined
+    # the namespace's own counts: the declines, and the scheduler's lookup of all N blocks
+    counts = s.store.namespace_counts.snapshot().get(s.ns.id)
+    assert (counts.declined, counts.lookup_hit, counts.lookup_miss) == (declined, N, 0)
     sched.close()
     assert s.store.stats().active_leases == 0
 

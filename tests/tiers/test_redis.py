@@ -20,6 +20,7 @@ from kvstore.layout import KVLayout
 from kvstore.record import header_bytes
 from kvstore.store import TieredStore
 from kvstore.tiers.host import HostTier
+from kvstore.tiers.base import MissTally
 from kvstore.tiers.redis import RedisTier
 from tests.redis_servers import DelayProxy, RedisServer, free_port
 
@@ -222,6 +223,47 @@ def test_ttl_expires_pages_and_hits_refresh_it(redis_server: RedisServer) -> Non
         assert t.used_pages == 0
     finally:
         t.close()
+
+
+def expired(t: RedisTier) -> dict[str, int]:
+    return {op: int(t.metrics.value("kvstore_tier_expired_pages_total", tier=t.name, op=op))
+            for op in ("read", "contains")}
+
+
+def test_pages_found_gone_after_their_ttl_count_as_expired_and_earlier_ones_as_absent(
+        redis_server: RedisServer) -> None:
+    ns, ch = chain(SMALL, 4)
+    pages = pages_for(SMALL, 4)
+    t = tier(redis_server, ttl_s=1.0)
+    try:
+        assert all(t.write(ch.metas(), list(pages)))
+        # page 3 vanishes before its TTL (another node's delete, maxmemory): absent, not expired
+        redis_server.client().delete(b"kvstore:" + ch.keys[3].hex().encode())
+        outs = list(np.empty_like(pages))
+        tally = MissTally()
+        assert t.read(ns.id, ch.keys, outs, tally) == [True, True, True, False]
+        assert tally == MissTally() and expired(t) == {"read": 0, "contains": 0}
+        time.sleep(1.2)  # pages 0-2 expire (their hits above refreshed them to ~1 s from then)
+        tally = MissTally()
+        assert t.read(ns.id, ch.keys[:1], outs[:1], tally) == [False]
+        assert tally.expired == 1 and expired(t) == {"read": 1, "contains": 0}
+        tally = MissTally()
+        assert t.count_leading(ch.keys[1:], tally) == 0  # a lookup finds pages 1-2 gone
+        assert tally.expired == 2 and expired(t) == {"read": 1, "contains": 2}
+        # each page counts once: it is no longer this node's after it was found gone
+        assert t.read(ns.id, ch.keys, outs) == [False] * 4
+        assert expired(t) == {"read": 1, "contains": 2} and t.used_pages == 0
+    finally:
+        t.close()
+
+    plain = tier(redis_server)  # without a TTL nothing expires: a vanished page is absent
+    try:
+        assert all(plain.write(ch.metas(0, 1), list(pages[:1])))
+        redis_server.client().delete(b"kvstore:" + ch.keys[0].hex().encode())
+        assert plain.read(ns.id, ch.keys[:1], outs[:1]) == [False]
+        assert expired(plain) == {"read": 0, "contains": 0}
+    finally:
+        plain.close()
 
 
 def test_zstd_compression_round_trip(redis_server: RedisServer) -> None:

@@ -112,7 +112,8 @@ function drawNamespaces(stats) {
     if (n.label) name.append(" " + n.label);
     tr.append(name, el("td", {}, Object.entries(n.pages).map(([t, c]) => `${t}: ${c}`).join(", ")),
       el("td", { class: "num" }, fmtBytes(n.bytes)), el("td", { class: "num" }, String(n.stored_pages)),
-      el("td", { class: "num" }, String(n.removed_pages)));
+      el("td", { class: "num" }, String(n.removed_pages)),
+      el("td", { class: "num" }, n.hit_rate_1m === null ? "—" : (100 * n.hit_rate_1m).toFixed(1) + " %"));
     return tr;
   }));
 }
