@@ -195,3 +195,22 @@ def token_bytes(token_ids: Any) -> bytes:
     if view.size and int(view.max()) > _MAX_TOKEN_ID:
         raise InvalidArgument(f"token ids must lie in [0, {_MAX_TOKEN_ID}], got {int(view.max())}")
     return view.astype("<u4", copy=False).tobytes()
+
+
+def pack_keys(keys: Sequence[bytes]) -> bytes:
+    """``keys`` (checked: 16-byte bytes each) as one byte string, for a wire format."""
+    return b"".join(keys)
+
+
+def unpack_keys(packed: bytes, *, limit: int | None = None) -> list[bytes]:
+    """The keys of :func:`pack_keys`'s ``packed``; InvalidArgument if its length is not a
+    whole number of keys, or (with ``limit``) it holds more than ``limit``."""
+    if len(packed) % KEY_BYTES:
+        raise InvalidArgument(f"packed keys are {len(packed)} bytes, not a multiple of "
+                              f"{KEY_BYTES}", hint="concatenate 16-byte block keys")
+    n = len(packed) // KEY_BYTES
+    if limit is not None and n > limit:
+        raise InvalidArgument(f"{n} keys in one call; the limit is {limit}", hint="split the call")
+    # numpy's 16-byte void items come back as bytes objects of exactly 16 bytes (NULs kept):
+    # a C loop, where slicing in Python costs ~5x as much for a 2048-key prompt
+    return np.frombuffer(packed, f"V{KEY_BYTES}").tolist()  # type: ignore[no-any-return]

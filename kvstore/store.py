@@ -167,11 +167,12 @@ class TieredStore(StagingPath):
         tally = MissTally() if namespace_id is not None else None
         t0 = time.perf_counter()
         tiers: list[str] = []
+        runs: list[tuple[Tier, int]] = []  # the hit as runs of one tier
         asked = [t for t in self.tiers if not (local_only and t.shared)]
         pos, n = 0, len(keys)
         while pos < n:
             for ti, tier in enumerate(asked):
-                run = tier.count_leading(keys[pos:], tally)
+                run = tier.count_leading_checked(keys[pos:], tally)
                 if run:
                     if ti:  # hand back the part of the run that a faster tier also holds
                         window = keys[pos : pos + run]
@@ -180,6 +181,7 @@ class TieredStore(StagingPath):
                             run = next((i for i, h in enumerate(there) if h), run)
                             window = window[:run]
                     tiers.extend([tier.name] * run)
+                    runs.append((tier, run))
                     pos += run
                     break
             else:
@@ -190,7 +192,7 @@ class TieredStore(StagingPath):
                 # The run was found without the lock: a page evicted since is not leased. Under
                 # the lock a local tier's policy tracks exactly its pages (retiring victims
                 # included), and from the grant on no eviction takes them.
-                pos = self._still_held(keys, tiers, pos)
+                pos = self._still_held(keys, runs, pos)
                 granted = self._leases.grant(keys[:pos]) if pos else None
             del tiers[pos:]
         self._m_lookup_hit.inc(pos)
@@ -202,16 +204,21 @@ class TieredStore(StagingPath):
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
         return LookupResult(pos, tuple(tiers), granted)
 
-    def _still_held(self, keys: Sequence[bytes], tiers: list[str], pos: int) -> int:
-        """How many of the first ``pos`` keys their local tier still holds (lock held); a shared
-        tier's pages are taken as found (other nodes delete them anyway: a later miss)."""
-        for i in range(pos):
-            ti = self._by_name[tiers[i]]
-            if self.tiers[ti].shared:
-                continue
-            k = keys[i]
-            if k not in self.policies[ti] and k not in self._retiring[ti]:
-                return i
+    def _still_held(self, keys: Sequence[bytes], runs: list[tuple[Tier, int]], pos: int) -> int:
+        """How many of the first ``pos`` keys (found in ``runs`` of one tier each) their local
+        tier still holds (lock held); a shared tier's pages are taken as found (other nodes
+        delete them anyway: a later miss)."""
+        start = 0
+        for tier, n in runs:
+            ti = self._by_name[tier.name]
+            policy, run = self.policies[ti], keys[start:start + n]
+            # the usual answer, all still held, at C speed; key by key only when one is gone
+            if not tier.shared and not policy.tracks_all(run):
+                retiring = self._retiring[ti]
+                for i, k in enumerate(run):
+                    if k not in policy and k not in retiring:
+                        return start + i
+            start += n
         return pos
 
     def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False,

@@ -40,12 +40,13 @@ from connector.daemon.shm import SharedSlab
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
-from kvstore.keys import BlockMeta
+from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.results import Lease, LookupResult, PutResult
 from kvstore.staging import LoadHandle, StoreHandle
+from kvstore.tiers.base import check_keys
 
 log = logging.getLogger(__name__)
 _owners = itertools.count(1 << 40)  # distinct from in-process stores' owner ids
@@ -315,10 +316,10 @@ class DaemonStore:
                local_only: bool = False, namespace_id: bytes | None = None) -> LookupResult:
         """As :meth:`TieredStore.lookup`, under ``namespace_id`` (default: this client's); a
         miss when the daemon is down. The daemon counts it for the namespace."""
-        keys = list(keys)
+        check_keys(keys)
         req = pb.LookupRequest(session_id=self._session_id,
                                namespace_id=namespace_id or self.namespace_id,
-                               keys=keys, lease=lease, local_only=local_only)
+                               keys=pack_keys(keys), lease=lease, local_only=local_only)
         try:
             r = self._call("Lookup", req)
         except DaemonUnavailable:
@@ -330,7 +331,9 @@ class DaemonStore:
         if r.lease_id:
             granted = Lease(r.lease_id, tuple(keys[: r.num_blocks]),
                             time.monotonic() + r.lease_ttl_s, self.owner)
-        return LookupResult(r.num_blocks, tuple(r.tiers), granted)
+        tiers = tuple(itertools.chain.from_iterable(
+            itertools.repeat(run.tier, run.blocks) for run in r.runs))
+        return LookupResult(r.num_blocks, tiers, granted)
 
     def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False,
                      namespace_id: bytes | None = None) -> Future[LookupResult]:

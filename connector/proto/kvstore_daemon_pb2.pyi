@@ -72,18 +72,18 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_name: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("session_id", "namespace_id", "keys", "lease", "local_only")
+    __slots__ = ("session_id", "namespace_id", "lease", "local_only", "keys")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
-    KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     namespace_id: bytes
-    keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease: bool
     local_only: bool
-    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., local_only: _Optional[bool] = ...) -> None: ...
+    keys: bytes
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., lease: _Optional[bool] = ..., local_only: _Optional[bool] = ..., keys: _Optional[bytes] = ...) -> None: ...
 
 class TierBandwidth(_message.Message):
     __slots__ = ("tier", "bytes_per_s")
@@ -93,21 +93,29 @@ class TierBandwidth(_message.Message):
     bytes_per_s: float
     def __init__(self, tier: _Optional[str] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
 
+class TierRun(_message.Message):
+    __slots__ = ("tier", "blocks")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    blocks: int
+    def __init__(self, tier: _Optional[str] = ..., blocks: _Optional[int] = ...) -> None: ...
+
 class LookupReply(_message.Message):
-    __slots__ = ("num_blocks", "tiers", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers")
+    __slots__ = ("num_blocks", "runs", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    TIERS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     HAS_REMOTE_TIERS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
-    tiers: _containers.RepeatedScalarFieldContainer[str]
+    runs: _containers.RepeatedCompositeFieldContainer[TierRun]
     lease_id: int
     lease_ttl_s: float
     bandwidth: _containers.RepeatedCompositeFieldContainer[TierBandwidth]
     has_remote_tiers: bool
-    def __init__(self, num_blocks: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ...) -> None: ...
+    def __init__(self, num_blocks: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("session_id", "namespace_id", "lease_id", "keep")

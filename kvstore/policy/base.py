@@ -25,7 +25,7 @@ Policies are not thread-safe: the store calls them under its own lock.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 Key = Hashable
@@ -61,6 +61,11 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def __contains__(self, key: object) -> bool: ...
+
+    def tracks_all(self, keys: Sequence[Key]) -> bool:
+        """Whether every key of ``keys`` is tracked (a policy with a dict of its keys answers
+        without a Python call per key)."""
+        return all(map(self.__contains__, keys))
 
     @abstractmethod
     def __len__(self) -> int: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from kvstore.policy.base import EvictionPolicy, IsPinned, Key
 
@@ -104,6 +104,9 @@ class LeafTreePolicy(EvictionPolicy):
 
     def __contains__(self, key: object) -> bool:
         return key in self._nodes
+
+    def tracks_all(self, keys: Sequence[Key]) -> bool:
+        return all(map(self._nodes.__contains__, keys))
 
     def __len__(self) -> int:
         return len(self._nodes)

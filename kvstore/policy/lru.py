@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from kvstore.policy.base import EvictionPolicy, IsPinned, Key, never_pinned
 
@@ -53,6 +53,9 @@ class LRUPolicy(EvictionPolicy):
 
     def __contains__(self, key: object) -> bool:
         return key in self._order
+
+    def tracks_all(self, keys: Sequence[Key]) -> bool:
+        return all(map(self._order.__contains__, keys))
 
     def __len__(self) -> int:
         return len(self._order)

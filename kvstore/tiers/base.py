@@ -108,8 +108,13 @@ class Tier(ABC):
             self._m_lat["contains"].observe(time.perf_counter() - t0)
 
     def count_leading(self, keys: Sequence[bytes], tally: MissTally | None = None) -> int:
-        self._check_open()
         check_keys(keys)
+        return self.count_leading_checked(keys, tally)
+
+    def count_leading_checked(self, keys: Sequence[bytes], tally: MissTally | None = None) -> int:
+        """:meth:`count_leading` of ``keys`` the caller has checked (a store checks a lookup's
+        keys once, not once per tier: a 32K-token prompt has 2048)."""
+        self._check_open()
         if not keys:
             return 0
         self._tally.current = tally

@@ -46,6 +46,7 @@ class DaemonProcess:
     def start(self, timeout_s: float = 60.0) -> DaemonProcess:
         """Start it and wait until it serves; raises KVStoreError with its log's tail if it
         exits or is not serving within ``timeout_s``."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "server.cli", "serve"], stdin=subprocess.DEVNULL,

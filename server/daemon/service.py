@@ -38,7 +38,7 @@ import numpy as np
 
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
 from kvstore.events import StoreEvent
-from kvstore.keys import KEY_BYTES, BlockMeta
+from kvstore.keys import KEY_BYTES, BlockMeta, unpack_keys
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
@@ -231,9 +231,11 @@ class DaemonService:
 
     # ----------------------------------------------------------------- lookup and leases
 
-    def lookup(self, session_id: str, ns: bytes, keys: Sequence[bytes], lease: bool,
+    def lookup(self, session_id: str, ns: bytes, packed_keys: bytes, lease: bool,
                local_only: bool = False) -> LookupResult:
-        keys = self._keys(ns, keys)
+        """``packed_keys``: the keys as :func:`~kvstore.keys.pack_keys` sends them."""
+        check_namespace(ns)
+        keys = unpack_keys(packed_keys, limit=self.limits.max_keys_per_call)
         s = self._session(session_id) if lease else None
         if s is not None:
             self._check_room(s)

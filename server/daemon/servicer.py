@@ -9,6 +9,7 @@ import hmac
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from itertools import groupby
 from typing import Any, TypeVar
 
 import grpc
@@ -86,13 +87,14 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     @_unary
     def Lookup(self, request: Any, context: grpc.ServicerContext) -> Any:
-        found = self.service.lookup(request.session_id, request.namespace_id, list(request.keys),
+        found = self.service.lookup(request.session_id, request.namespace_id, request.keys,
                                     request.lease, request.local_only)
         store = self.service.store
         bw = [pb.TierBandwidth(tier=t.name, bytes_per_s=store.read_bandwidth(t.name) or 0.0)
               for t in store.tiers]
         lease = found.lease
-        return pb.LookupReply(num_blocks=found.num_blocks, tiers=found.tiers,
+        runs = [pb.TierRun(tier=t, blocks=sum(1 for _ in g)) for t, g in groupby(found.tiers)]
+        return pb.LookupReply(num_blocks=found.num_blocks, runs=runs,
                               lease_id=lease.id if lease else 0,
                               lease_ttl_s=store.lease_ttl_s if lease else 0.0, bandwidth=bw,
                               has_remote_tiers=store.has_remote_tiers)

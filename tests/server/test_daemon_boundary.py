@@ -101,11 +101,11 @@ def test_tcp_with_the_token_works(guarded: tuple[DaemonProc, str]) -> None:
 
 def test_malformed_requests_get_invalid_argument(guarded, stub) -> None:  # noqa: ANN001
     d = guarded[0]
-    code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=b"abc", keys=[b"k" * 16]))
+    code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=b"abc", keys=b"k" * 16))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "namespace id must be 16 bytes" in msg
-    code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=NS_A.id, keys=[b"short"]))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "16-byte" in msg
-    code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=NS_A.id, keys=[b"k" * 16] * 65))
+    code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 33))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a multiple of 16" in msg
+    code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 16 * 65))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "65 keys" in msg
     code, msg = _code(stub.Contains, pb.ContainsRequest(namespace_id=NS_A.id, tier="nope",
                                                        keys=[b"k" * 16]))
@@ -126,7 +126,7 @@ def test_malformed_requests_get_invalid_argument(guarded, stub) -> None:  # noqa
 
 
 def test_oversized_requests_get_resource_exhausted(guarded, stub) -> None:  # noqa: ANN001
-    big = pb.LookupRequest(namespace_id=NS_A.id, keys=[b"k" * 16] * 20000)  # > 256 KiB
+    big = pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 16 * 20000)  # > 256 KiB
     code, _ = _code(stub.Lookup, big)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     _still_serving(guarded[0])

@@ -368,3 +368,33 @@ def test_narrow_unpins_the_tail_of_a_lease(layout: KVLayout, ns: Namespace) -> N
     with pytest.raises(LeaseError):
         store.narrow(narrowed, 0)
     store.check_integrity()
+
+
+class _RacingHost(HostTier):
+    """A host tier whose next presence count deletes one of the pages it just counted through
+    the store, as a concurrent eviction would between a lookup's count and its lease."""
+
+    store: TieredStore | None = None
+    victim: bytes | None = None
+
+    def _count_leading(self, keys):  # noqa: ANN001, ANN202
+        n = super()._count_leading(keys)
+        if self.store is not None and self.victim is not None:
+            victim, self.victim = self.victim, None
+            self.store.delete([victim])
+        return n
+
+
+def test_a_page_gone_between_count_and_lease_ends_the_leased_run(layout: KVLayout,
+                                                                  ns: Namespace) -> None:
+    tier = _RacingHost("host", layout, 16, Metrics())
+    store = TieredStore(layout, [tier])
+    chain = ns.chain(list(range(layout.block_size * 8)))
+    store.put(chain.metas(), random_pages(layout, 8))
+    tier.store, tier.victim = store, chain.keys[5]
+    res = store.lookup(chain.keys, lease=True)
+    assert res.num_blocks == 5 and res.lease is not None and len(res.lease.keys) == 5
+    assert res.tiers == ("host",) * 5
+    assert [store.is_pinned(k) for k in chain.keys[:7]] == [True] * 5 + [False] * 2
+    store.release(res.lease)
+    store.check_integrity()
