@@ -20,19 +20,17 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
     ByteSize,
-    ConfigDict,
     Field,
     FilePath,
     PositiveFloat,
     PositiveInt,
     SecretStr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
@@ -48,13 +46,18 @@ from pydantic_settings import (
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.layout import DTYPE_SIZES, KVLayout
 from kvstore.sizes import Size, format_size
+from kvstore.tiers import tier_config_models
+from kvstore.tiers.config_base import Strict, TierConfigBase
+from kvstore.tiers.disk_config import DiskTierConfig
+from kvstore.tiers.hbm_config import HBMTierConfig
+from kvstore.tiers.host_config import HostTierConfig
+from kvstore.tiers.redis_config import RedisTierConfig
 
 DType = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"]
 assert set(DType.__args__) == set(DTYPE_SIZES)  # type: ignore[attr-defined]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Strict
 
 
 class LayoutConfig(_Strict):
@@ -74,172 +77,12 @@ class LayoutConfig(_Strict):
                         self.dtype, self.block_format)
 
 
-def _check_policy(spec: str) -> str:
-    from kvstore.policy import make_policy
-
-    try:
-        make_policy(spec, 1)
-    except KVStoreError as exc:
-        raise ValueError(exc.message) from None
-    return spec
-
-
-class HostTierConfig(_Strict):
-    """Host memory: one slab of page slots, pinned when CUDA is present."""
-
-    kind: Literal["host"] = "host"
-    name: str = "host"
-    capacity: Size = Field(ByteSize(1 << 30), description="bytes, e.g. '8GiB'")
-    policy: str = "lru"
-    pin_memory: Literal["auto"] | bool = "auto"
-
-    _v_policy = field_validator("policy")(_check_policy)
-
-    def tier_kwargs(self) -> dict[str, Any]:
-        return {"pin_memory": None if self.pin_memory == "auto" else self.pin_memory}
-
-
-class HBMTierConfig(_Strict):
-    """GPU memory: the page pool an engine allocates its paged KV cache from (torch's CPU device
-    where there is no GPU)."""
-
-    kind: Literal["hbm"] = "hbm"
-    name: str = "hbm"
-    capacity: Size = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
-    # Leaf-first: a hit touches a chain head to tail, so LRU would evict heads first and leave
-    # tails an engine can only recompute (its prefix stops at the first missing block).
-    policy: str = "lineage"
-    device: str | None = Field(None, description="torch device; default cuda if present, else cpu")
-
-    _v_policy = field_validator("policy")(_check_policy)
-
-    def tier_kwargs(self) -> dict[str, Any]:
-        return {"device": self.device}
-
-
-class DiskTierConfig(_Strict):
-    """NVMe: a preallocated slab of record slots with an LMDB index, in a directory of its own
-    on a local filesystem (see kvstore/tiers/disk.py for the guarantees)."""
-
-    kind: Literal["disk"] = "disk"
-    name: str = "disk"
-    capacity: Size = Field(ByteSize(64 << 30), description="bytes of pages, e.g. '500GiB'")
-    policy: str = "lru"
-    path: Path = Field(description="the tier's own directory (created if missing)")
-    io_threads: int = Field(8, ge=1, le=256, description="parallel preadv/pwritev workers")
-    o_direct: Literal["auto"] | bool = "auto"
-    fsync: bool = Field(True, description="durable across power loss, not only process crashes")
-    preallocate: bool = True
-    allow_network_fs: bool = False
-    check_index: bool = True
-    max_io_bytes: Size = Field(ByteSize(8 << 20), ge=4096, description="bytes per syscall")
-
-    _v_policy = field_validator("policy")(_check_policy)
-
-    def tier_kwargs(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "io_threads": self.io_threads,
-            "o_direct": self.o_direct,
-            "fsync": self.fsync,
-            "preallocate": self.preallocate,
-            "allow_network_fs": self.allow_network_fs,
-            "check_index": self.check_index,
-            "max_io_bytes": int(self.max_io_bytes),
-        }
-
-
-class RedisTierConfig(_Strict):
-    """Redis or a Redis Cluster shared by many nodes: pages as verified records.
-
-    ``capacity`` is this node's budget in the shared cache (its eviction policy evicts within
-    it); bound the cache as a whole with ``ttl_s`` and/or the server's ``maxmemory``.
-    """
-
-    kind: Literal["redis"] = "redis"
-    name: str = "redis"
-    capacity: Size = Field(ByteSize(16 << 30), description="this node's budget, e.g. '64GiB'")
-    policy: str = "lru"
-    url: str | None = Field(
-        None, description="one server: redis://[user@]host:6379/0, rediss:// for TLS"
-    )
-    cluster_nodes: list[str] | None = Field(
-        None, min_length=1, description="a Redis Cluster: seed nodes as 'host:port'"
-    )
-    username: str | None = Field(None, description="ACL user (default: the 'default' user)")
-    password: SecretStr | None = None
-    tls: bool = Field(False, description="TLS (implied by a rediss:// url)")
-    tls_ca_certs: FilePath | None = None
-    tls_certfile: FilePath | None = None
-    tls_keyfile: FilePath | None = None
-    tls_verify: bool = Field(True, description="verify the server certificate and host name")
-    connect_timeout_s: PositiveFloat = 0.5
-    timeout_s: PositiveFloat = Field(
-        1.0, description="longest wait on a server that makes no progress; then misses"
-    )
-    retries: int = Field(2, ge=0, le=10, description="reconnect attempts within timeout_s")
-    breaker_failures: PositiveInt = Field(3, description="failed calls that open the breaker")
-    breaker_cooldown_s: PositiveFloat = Field(1.0, description="open time before a probe")
-    ttl_s: float | None = Field(None, ge=0.001, description="sliding expiry; None: no TTL")
-    compression: Literal["none", "zstd"] = Field(
-        "none", description="'zstd' needs the zstandard package; saves ~22 % memory, costs speed"
-    )
-    key_prefix: str = Field("kvstore", min_length=1, pattern=r"^[^{}\s]+$")
-    mac_threads: int | None = Field(
-        None, ge=0, le=256,
-        description="threads hashing a batch's record MACs; None: by the cores, 0: the caller",
-    )
-
-    _v_policy = field_validator("policy")(_check_policy)
-
-    @field_validator("url")
-    @classmethod
-    def _no_secret_in_url(cls, url: str | None) -> str | None:
-        if url is None:
-            return url
-        if not url.startswith(("redis://", "rediss://")):
-            raise ValueError("must start with redis:// or rediss://")
-        userinfo = url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[0]
-        if ":" in userinfo:
-            raise ValueError("put the password in the 'password' field (a secret), not in url")
-        return url
-
-    @model_validator(mode="after")
-    def _one_endpoint(self) -> RedisTierConfig:
-        if (self.url is None) == (self.cluster_nodes is None):
-            raise ValueError("set exactly one of url (one server) and cluster_nodes (a cluster)")
-        return self
-
-    def tier_kwargs(self) -> dict[str, Any]:
-        def path(p: Any) -> str | None:
-            return None if p is None else str(p)
-
-        return {
-            "url": self.url,
-            "cluster_nodes": self.cluster_nodes,
-            "username": self.username,
-            "password": None if self.password is None else self.password.get_secret_value(),
-            "tls": self.tls,
-            "tls_ca_certs": path(self.tls_ca_certs),
-            "tls_certfile": path(self.tls_certfile),
-            "tls_keyfile": path(self.tls_keyfile),
-            "tls_verify": self.tls_verify,
-            "connect_timeout_s": self.connect_timeout_s,
-            "timeout_s": self.timeout_s,
-            "retries": self.retries,
-            "breaker_failures": self.breaker_failures,
-            "breaker_cooldown_s": self.breaker_cooldown_s,
-            "ttl_s": self.ttl_s,
-            "compression": self.compression,
-            "key_prefix": self.key_prefix,
-            "mac_threads": self.mac_threads,
-        }
-
-
-TierConfig = Annotated[
-    Union[HBMTierConfig, HostTierConfig, DiskTierConfig, RedisTierConfig],
-    Field(discriminator="kind"),
-]
+# Each tier kind's config model lives beside the tier (kvstore/tiers/<kind>_config.py); the
+# union of the tier list is built from the tier registry's configs.
+if TYPE_CHECKING:
+    TierConfig = TierConfigBase
+else:
+    TierConfig = Annotated[Union[tuple(tier_config_models())], Field(discriminator="kind")]
 
 
 def _default_tier() -> TierConfig:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.registry import Registry
 from kvstore.tiers.base import Tier
+from kvstore.tiers.config_base import TierConfigBase
 
 if TYPE_CHECKING:
     from kvstore.layout import KVLayout
@@ -20,11 +21,26 @@ TIERS: dict[str, str] = {
     "disk": "kvstore.tiers.disk:DiskTier",
     "redis": "kvstore.tiers.redis:RedisTier",
 }
+#: kind -> "module:Class" of its config model (light modules: no tier dependency imported);
+#: the config's tier list is the discriminated union of these
+TIER_CONFIGS: dict[str, str] = {
+    "hbm": "kvstore.tiers.hbm_config:HBMTierConfig",
+    "host": "kvstore.tiers.host_config:HostTierConfig",
+    "disk": "kvstore.tiers.disk_config:DiskTierConfig",
+    "redis": "kvstore.tiers.redis_config:RedisTierConfig",
+}
 #: Kinds whose pages leave the process as records (kvstore.record): they take the record MAC.
 RECORD_TIERS = frozenset({"disk", "redis"})
 
 
 REGISTRY: Registry[Tier] = Registry("tier kind", "tier kinds", Tier, TIERS)
+CONFIGS: Registry[TierConfigBase] = Registry("tier config", "tier configs", TierConfigBase,
+                                             TIER_CONFIGS)
+
+
+def tier_config_models() -> list[type[TierConfigBase]]:
+    """Every registered kind's config model, in registration order."""
+    return [CONFIGS.resolve(kind) for kind in TIER_CONFIGS]
 
 
 def tier_class(kind: str) -> type[Tier]:
@@ -35,7 +51,7 @@ def tier_class(kind: str) -> type[Tier]:
 def make_tier(
     cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None, **extra: Any
 ) -> Tier:
-    """Build a tier from its config model (``kvstore.config.*TierConfig``); a tier that writes
+    """Build a tier from its config model (``kvstore.tiers.<kind>_config``); a tier that writes
     records gets ``mac`` (None: the public key, integrity only); ``extra``: keyword arguments
     the config cannot hold (the daemon hands the host tier its shared-memory slab)."""
     cls = tier_class(cfg.kind)
@@ -46,4 +62,5 @@ def make_tier(
     return cls(cfg.name, layout, capacity_pages, metrics, **kwargs)
 
 
-__all__ = ["RECORD_TIERS", "REGISTRY", "TIERS", "Tier", "make_tier", "tier_class"]
+__all__ = ["CONFIGS", "RECORD_TIERS", "REGISTRY", "TIER_CONFIGS", "TIERS", "Tier", "make_tier",
+           "tier_class", "tier_config_models"]

@@ -53,10 +53,12 @@ def _module_imports(path: Path) -> set[str]:
 
 
 def test_tiers_know_nothing_of_policies() -> None:
-    """Tiers store bytes; whoever owns a tier (the store, a pool's owner) chooses victims."""
+    """Tiers store bytes; whoever owns a tier (the store, a pool's owner) chooses victims. (A
+    tier's config model names the policy its owner runs, and checks that it builds.)"""
     bad = {
         str(p.relative_to(ROOT)): sorted(m for m in _module_imports(p) if m.startswith("kvstore.policy"))
         for p in (ROOT / "kvstore" / "tiers").rglob("*.py")
+        if p.name != "config_base.py"
     }
     assert {k: v for k, v in bad.items() if v} == {}
 

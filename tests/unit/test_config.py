@@ -312,3 +312,17 @@ def test_host_tier_larger_than_the_machine_can_map() -> None:
         "tiers.1 ('big'): host tier 'big' asks for 1048576.0 GiB of memory; this machine has "
     )
     assert "tiers.1.capacity" in info.value.hint
+
+
+def test_every_tier_kind_declares_its_config_model_and_the_union_is_the_registry_s() -> None:
+    from typing import get_args
+
+    from kvstore.config import TierConfig
+    from kvstore.tiers import TIER_CONFIGS, TIERS, tier_config_models
+
+    assert set(TIER_CONFIGS) == set(TIERS)
+    for kind, model in zip(TIER_CONFIGS, tier_config_models()):
+        assert model.__module__ == f"kvstore.tiers.{kind}_config"
+        assert model.model_fields["kind"].default == kind
+    union, _discriminator = get_args(TierConfig)
+    assert list(get_args(union)) == tier_config_models()

@@ -1,0 +1,26 @@
+"""The hbm tier's config model (see :mod:`kvstore.tiers.config_base`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ByteSize, Field
+
+from kvstore.sizes import Size
+from kvstore.tiers.config_base import TierConfigBase
+
+
+class HBMTierConfig(TierConfigBase):
+    """GPU memory: the page pool an engine allocates its paged KV cache from (torch's CPU device
+    where there is no GPU)."""
+
+    kind: Literal["hbm"] = "hbm"
+    name: str = "hbm"
+    capacity: Size = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
+    # Leaf-first: a hit touches a chain head to tail, so LRU would evict heads first and leave
+    # tails an engine can only recompute (its prefix stops at the first missing block).
+    policy: str = "lineage"
+    device: str | None = Field(None, description="torch device; default cuda if present, else cpu")
+
+    def tier_kwargs(self) -> dict[str, Any]:
+        return {"device": self.device}
