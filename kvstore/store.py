@@ -813,9 +813,7 @@ class _PoolOwner:
 
     def on_hit(self, keys: Sequence[bytes]) -> None:
         with self._store._lock:
-            policy = self._store.policies[self._ti]
-            for k in keys:
-                policy.access(k)
+            self._store.policies[self._ti].access_many(keys)
 
 
 def _scratch(n: int, page_bytes: int) -> list[np.ndarray]:

@@ -53,6 +53,12 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def access(self, key: Key) -> None: ...
 
+    def access_many(self, keys: Sequence[Key]) -> None:
+        """:meth:`access` of each key, in order (a hit on a long prefix touches every block;
+        a policy may do it in bulk)."""
+        for k in keys:
+            self.access(k)
+
     @abstractmethod
     def remove(self, key: Key) -> None: ...
 

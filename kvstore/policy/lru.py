@@ -51,6 +51,12 @@ class LRUPolicy(EvictionPolicy):
             del self._order[key]
         return victims
 
+    def access_many(self, keys: Sequence[Key]) -> None:
+        order = self._order
+        for key in keys:
+            if key in order:
+                order.move_to_end(key)
+
     def __contains__(self, key: object) -> bool:
         return key in self._order
 

@@ -236,8 +236,12 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         check_keys(keys)
         with self._lock:
             blocks = [self._index[k] for k in takewhile(self._index.__contains__, keys)]
+            # one reference more each, in bulk (a 32K-token hit is 2048 blocks): a block that
+            # had none leaves the evictable set
+            refs = self._refs
             for b in blocks:
-                self._incref(b)
+                refs[b] += 1
+            self._cached.difference_update(blocks)
             owner = self._owner
         if owner is not None and blocks:
             owner.on_hit(list(reversed(keys[: len(blocks)])))
@@ -258,8 +262,11 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         block that reaches refcount 0 stays cached (evictable); an uncommitted one returns to the
         free list. Raises InvalidArgument, before anything changes, when a block would drop below
         zero (a double release)."""
-        counts = Counter(block_ids)
+        ids = list(block_ids)
         with self._lock:
+            if self._release_each_once(ids):
+                return
+            counts = Counter(ids)
             for b, n in counts.items():
                 self._check_block(b)
                 if self._refs[b] < n:
@@ -270,6 +277,26 @@ class HBMTier(SlotReads, Tier, OwnedPool):
             for b, n in counts.items():
                 for _ in range(n):
                     self._decref(b)
+
+    def _release_each_once(self, ids: list[int]) -> bool:
+        """:meth:`release`'s usual case, in bulk (lock held): valid block ids, each listed once
+        and held. False (nothing changed) for anything else, which the checked path handles."""
+        n = self.capacity_pages
+        if not ids or set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= n:
+            return False
+        refs = self._refs
+        if len(set(ids)) != len(ids) or 0 in map(refs.__getitem__, ids):
+            return False
+        metas, cached = self._metas, self._cached
+        for b in ids:
+            r = refs[b] - 1
+            refs[b] = r
+            if not r:
+                if metas[b] is not None:
+                    cached.add(b)
+                else:
+                    self._maybe_free(b)
+        return True
 
     def refcount(self, block_id: int) -> int:
         with self._lock:

@@ -122,6 +122,9 @@ def test_misuse_raises_and_changes_nothing(pool: HBMTier, ns: Namespace) -> None
         pool.release([b[0], b[0]])  # refcount is 1
     with pytest.raises(InvalidArgument):
         pool.release([99])
+    for bad in ([b[0], b[1], 5], [b[1], -1], [b[0], True], [b[1], 2.0]):  # the bulk path too:
+        with pytest.raises(InvalidArgument):  # one unheld or bad id spoils the whole call
+            pool.release(bad)
     with pytest.raises(InvalidArgument):
         pool.commit([b[0], 5], chain.metas())  # block 5 is free
     with pytest.raises(InvalidArgument):

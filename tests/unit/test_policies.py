@@ -649,3 +649,21 @@ def test_registry_unknown_name_lists_known_names() -> None:
 def test_registry_bad_specs(spec: str, match: str) -> None:
     with pytest.raises(UnknownComponent, match=match):
         make_policy(spec, 4)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_access_many_is_access_of_each_key_in_order(name: str, data: Any) -> None:
+    # the bulk path a long prefix hit takes must leave the policy exactly as single accesses do
+    n = data.draw(st.integers(2, 24))
+    parents = [None] + [data.draw(st.sampled_from([None, i - 1])) for i in range(1, n)]
+    hits = data.draw(st.lists(st.integers(0, n + 3), max_size=3 * n))  # > n: untracked keys
+    one, bulk = make_policy(name, n), make_policy(name, n)
+    for p in (one, bulk):
+        for i in range(n):
+            p.insert(i, parents[i])
+    for k in hits:
+        one.access(k)
+    bulk.access_many(hits)
+    assert one.evict(n) == bulk.evict(n)
