@@ -20,13 +20,13 @@ Guarantees:
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from kvstore.buffers import hugepage_buffer
 from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
@@ -242,12 +242,5 @@ def _map(nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
         # CUDA's host allocator page-locks (and page-aligns) the slab; the numpy view keeps the
         # tensor alive through its ``base``.
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy(), True
-    # Anonymous mmap: page-aligned, so pages go to an O_DIRECT disk tier without a bounce copy,
-    # and backed by huge pages where the kernel allows (fewer TLB misses on big copies).
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            region.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # pragma: no cover - kernels without THP
-            pass
-    return np.frombuffer(region, dtype=np.uint8), False
+    # Page-aligned (O_DIRECT without a bounce copy) and on huge pages where the kernel allows.
+    return hugepage_buffer(nbytes), False
