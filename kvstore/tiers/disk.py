@@ -10,8 +10,8 @@ Files in the tier's directory::
 The slot layout and the vectored I/O are in ``disk_slab.py``: a run of adjacent slots (at most
 ``max_io_bytes``) moves in one ``preadv``/``pwritev`` straight into (out of) the caller's
 buffers when they are 4096-aligned (else through a counted bounce buffer). Runs go to a pool of
-``io_threads`` workers; meanwhile the calling thread hashes the next run of a write, and a read's
-worker verifies the run it read, so checksums and MACs cost no disk time. Where the filesystem refuses
+``io_threads`` workers; each worker hashes the run it writes and verifies the run it read, so
+checksums and MACs spread over the cores beside the other runs' I/O. Where the filesystem refuses
 O_DIRECT (``o_direct="auto"``) the tier logs a warning and uses buffered I/O, same layout.
 
 Guarantees:
@@ -452,19 +452,20 @@ class DiskTier(Tier):
         slab = self._slab
         checksums: dict[int, int] = {}
         failure: str | None = None
-        jobs: list[tuple[list[int], list[int], Future[None]]] = []
+        jobs: list[tuple[list[int], Future[list[int]]]] = []
         try:
-            for run in slab.runs(todo, slots):  # hash run k+1 here while a worker writes run k
-                hdr, sums = slab.encode_run([(metas[i], pages[i]) for i in run])
-                job = self._submit(slab.write_run, slots[run[0]], hdr, [pages[i] for i in run])
-                jobs.append((run, sums, job))
+            for run in slab.runs(todo, slots):
+                # Each worker hashes the run it writes (checksums and MAC): the hashing of a
+                # batch spreads over the workers and the cores, beside the other runs' I/O.
+                items = [(metas[i], pages[i]) for i in run]
+                jobs.append((run, self._submit(slab.encode_and_write, slots[run[0]], items)))
         finally:
             # No slot may be released while a write into it is still queued.
-            wait([job for _, _, job in jobs])
-        for run, sums, job in jobs:
+            wait([job for _, job in jobs])
+        for run, job in jobs:
             exc = job.exception()
             if exc is None:
-                checksums.update(zip(run, sums))
+                checksums.update(zip(run, job.result()))
             elif isinstance(exc, OSError):
                 failure = disk_io.describe(exc)
             else:
