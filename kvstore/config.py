@@ -197,6 +197,9 @@ class RedisTierConfig(_Strict):
         None, ge=0, le=256,
         description="threads hashing a batch's record MACs; None: by the cores, 0: the caller",
     )
+    write_lanes: int = Field(
+        2, ge=1, le=64, description="connections per server one batch of puts is split over"
+    )
 
     _v_policy = field_validator("policy")(_check_policy)
 
@@ -241,6 +244,7 @@ class RedisTierConfig(_Strict):
             "compression": self.compression,
             "key_prefix": self.key_prefix,
             "mac_threads": self.mac_threads,
+            "write_lanes": self.write_lanes,
         }
 
 
@@ -421,6 +425,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "KVSTORE_TORCH_SPEC": "scripts/bootstrap.sh: the torch requirement to install",
     "KVSTORE_SKIP_TORCH": "scripts/bootstrap.sh: 1 keeps the torch already in .venv",
     "KVSTORE_WITH_VLLM": "scripts/bootstrap.sh: 1 installs vLLM's CPU build (tests/vllm)",
+    "KVSTORE_WITH_PEERS": "scripts/bootstrap.sh: 1 installs LMCache 0.5.6 (bench.tiers' peer)",
     "KVSTORE_GIT_COMMIT": "scripts/gpu.sh: the commit recorded with benchmark results",
     "KVSTORE_CRASH_CYCLES": "tests: kill cycles of the disk crash test",
     "KVSTORE_TEST_FULLFS": "tests: 'rlimit' forces that variant of the full-disk test",
