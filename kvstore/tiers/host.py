@@ -206,7 +206,7 @@ def _address(buf: np.ndarray) -> int:
     """``buf.ctypes.data``, a quarter of its cost where the buffer is writable (``ctypes.data``
     builds an object per call: ~1 us, 10 % of a batch of 256 KiB pages' copy)."""
     if buf.flags.writeable:
-        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))  # type: ignore[arg-type]
     return int(buf.ctypes.data)
 
 
