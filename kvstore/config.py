@@ -139,7 +139,9 @@ class DiskTierConfig(_Strict):
     preallocate: bool = True
     allow_network_fs: bool = False
     check_index: bool = True
-    max_io_bytes: Size = Field(ByteSize(8 << 20), ge=4096, description="bytes per syscall")
+    max_io_bytes: Size = Field(
+        ByteSize(1 << 20), ge=4096, description="bytes per syscall (one slot where bigger)"
+    )
 
     _v_policy = field_validator("policy")(_check_policy)
 
