@@ -96,8 +96,8 @@ from kvstore.tiers.disk_index import DiskIndex, IndexEntry, IndexReplaced
 from kvstore.tiers.disk_io import ALIGN, aligned_empty
 from kvstore.tiers.disk_lock import lock_directory
 from kvstore.tiers.disk_slab import Slab
-from kvstore.tiers.disk_sync import GroupCommitter
 from kvstore.tiers.disk_space import check_capacity
+from kvstore.tiers.disk_sync import GroupCommitter
 
 log = logging.getLogger("kvstore.tiers.disk")
 
