@@ -26,18 +26,26 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
 
 
+#: The variant of the line that compares kvstore with LMCache on the same case (bench.tiers);
+#: it fills the "vs LMCache" column of that case's kvstore row instead of a row of its own.
+VS_LMCACHE = "kvstore vs LMCache"
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
     rows = [
-        "| bench | machine | case | variant | value | baseline | baseline value | ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| bench | machine | case | variant | value | baseline | baseline value | ratio "
+        "| vs LMCache |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for path in sorted(results_dir.glob("*.json")):
         doc = json.loads(path.read_text())
+        vs = {m["case"]: m["ratio"] for m in doc["measurements"] if m["variant"] == VS_LMCACHE}
         for m in _shown(doc["measurements"]):
+            peer = vs.get(m["case"]) if m["variant"] == "kvstore" else None
             rows.append(
                 f"| {m['bench']} | {doc['machine']} | {m['case']} | {m['variant']} | "
                 f"{_fmt(m['value'])} {m['unit']} | {m['baseline'] or '—'} | "
-                f"{_fmt(m['baseline_value'])} | {_fmt(m['ratio'])} |"
+                f"{_fmt(m['baseline_value'])} | {_fmt(m['ratio'])} | {_fmt(peer)} |"
             )
     return "\n".join(rows)
 
@@ -45,7 +53,7 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
 def _shown(lines: list[dict]) -> list[dict]:
     """The compared lines; for policies only the best policy and LRU of each case (the files
     hold every line)."""
-    lines = [m for m in lines if m.get("baseline") is not None]
+    lines = [m for m in lines if m.get("baseline") is not None and m["variant"] != VS_LMCACHE]
     best: dict[str, dict] = {}
     for m in lines:
         if m["bench"] == "policies" and (m["case"] not in best or m["value"] > best[m["case"]]["value"]):

@@ -1,73 +1,161 @@
-"""Host tier: put/get of 2 MiB pages (Llama-3-8B shape) against a memcpy of the same bytes.
+"""Host tier: put/get of pages against a memcpy of the same bytes and against LMCache's local
+CPU backend, in the same run.
 
-The baseline is one ``np.copyto`` of the whole batch between two contiguous, already-touched
-buffers — the most a single copy stream can do on this machine. The tier copies page by page
-into its slab slots, plus its index and metrics work. Both sides run warm (slab pages faulted
-in by a first pass) and take the best of several rounds.
+Pages of 2 MiB (Llama-3-8B: 32 layers, 8 KV heads of 128, 16-token blocks, bf16) and of
+256 KiB (the same with 4 layers), in batches of 16 and of 64:
+
+* ``kvstore`` — ``HostTier.write`` / ``read`` of a batch: slot bookkeeping, then one copy per
+  run of adjacent slots by whichever copy (``kvstore.ops.copy_choice()``: the native
+  streaming-store kernel or ``np.copyto``) measured faster on this machine at start-up;
+* ``LMCache LocalCPUBackend`` (``bench.lmcache_peer``) — its own allocator, a ``tensor.copy_``
+  per page in and out (one torch thread), its put task and blocking get; left out, with the reason printed, where
+  LMCache is not installed;
+* the baseline — one ``np.copyto`` of each batch between the same source (destination) pages
+  and memory of the same kind and size as the tier's slab: an anonymous mapping advised
+  ``MADV_HUGEPAGE``, each batch at its own offset (a buffer reused batch after batch would stay
+  in the cache). Transparent huge pages roughly double a copy's speed on this kind of
+  machine, so the baseline must copy into the same kind of memory as the tier, or the ratio
+  measures the allocator, not the tier.
+
+Every contender runs warm (its memory faulted in by a first pass); rounds interleave them in a
+rotating order, and each keeps its best round.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from bench import lmcache_peer
 from kvstore import KVLayout, Metrics, Namespace
+from kvstore.buffers import hugepage_buffer
+from kvstore.ops import copy_choice
 from kvstore.tiers.host import HostTier
 
-LAYOUT = KVLayout(32, 8, 128, 16, "bfloat16")
-
-
-def _best(fn, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+SIZES = (("2MiB", 32), ("256KiB", 4))
+BATCHES = (16, 64)
+BASELINE = "memcpy of the same bytes (np.copyto, huge-page memory)"
 
 
 def measure(args: Any) -> list[dict]:
-    n_pages = 32 if args.quick else 256
-    batch = 32
-    rounds = 3 if args.quick else 7
-    ns = Namespace("bench", LAYOUT)
-    chain = ns.chain(np.arange(n_pages * LAYOUT.block_size))
+    quick = bool(getattr(args, "quick", False))
+    no_peer = lmcache_peer.unavailable("host")
+    if no_peer:
+        print(f"bench.tiers host: no LMCache peer: {no_peer}", file=sys.stderr)
+    print(f"bench.tiers host: copy_choice() = {copy_choice()}", file=sys.stderr)
+    lines: list[dict] = []
+    progress = tqdm(total=len(SIZES) * len(BATCHES), desc="bench.tiers host", leave=False,
+                    disable=quick, file=sys.stderr)
+    for size, layers in SIZES:
+        for batch in BATCHES:
+            layout = KVLayout(layers, 8, 128, 16, "bfloat16")
+            lines += _measure(layout, f"{size}x{batch}", batch, quick=quick, peer=not no_peer)
+            progress.update()
+    progress.close()
+    return lines
+
+
+def _measure(layout: KVLayout, label: str, batch: int, *, quick: bool, peer: bool) -> list[dict]:
+    page = layout.page_bytes
+    n_pages = max(batch, ((32 << 20) if quick else (256 << 20)) // page // batch * batch)
+    rounds = 3 if quick else 7
+    ns = Namespace("bench", layout)
+    chain = ns.chain(np.arange(n_pages * layout.block_size))
     metas = chain.metas()
     rng = np.random.default_rng(0)
-    src = rng.integers(0, 256, (n_pages, LAYOUT.page_bytes), dtype=np.uint8)
+    src = rng.integers(0, 256, (n_pages, page), dtype=np.uint8)
     dst = np.empty_like(src)
-    tier = HostTier("host", LAYOUT, n_pages, Metrics())
-    nbytes = src.nbytes
+    huge = hugepage_buffer(n_pages * page).reshape(n_pages, page)  # as big as the tier's slab
+    tier = HostTier("host", layout, n_pages, Metrics())
     src_views, dst_views = list(src), list(dst)
+    spans = range(0, n_pages, batch)
+    puts: dict[str, Callable[[], None]] = {}
+    gets: dict[str, Callable[[], None]] = {}
 
     def put_all() -> None:
-        for i in range(0, n_pages, batch):
+        for i in spans:
             tier.delete(chain.keys[i : i + batch])
             tier.write(metas[i : i + batch], src_views[i : i + batch])
 
     def get_all() -> None:
-        for i in range(0, n_pages, batch):
+        for i in spans:
             tier.read(ns.id, chain.keys[i : i + batch], dst_views[i : i + batch])
 
-    put_all()  # fault the slab in
-    get_all()
-    assert np.array_equal(dst, src)
-    progress = tqdm(total=4, desc="bench.tiers host", leave=False, disable=args.quick)
-    t_put = _best(put_all, rounds)
-    progress.update()
-    t_get = _best(get_all, rounds)
-    progress.update()
-    t_copy_in = _best(lambda: np.copyto(dst, src), rounds)
-    progress.update()
-    t_copy_out = _best(lambda: np.copyto(src, dst), rounds)
-    progress.close()
-    gb = nbytes / 1e9
-    return [
-        {"case": "host/put", "value": gb / t_put, "baseline": "memcpy of the same bytes",
-         "baseline_value": gb / t_copy_in},
-        {"case": "host/get", "value": gb / t_get, "baseline": "memcpy of the same bytes",
-         "baseline_value": gb / t_copy_out},
-    ]
+    def copy_in() -> None:
+        for i in spans:
+            np.copyto(huge[i : i + batch], src[i : i + batch])
+
+    def copy_out() -> None:
+        for i in spans:
+            np.copyto(dst[i : i + batch], huge[i : i + batch])
+
+    puts.update(kvstore=put_all, baseline=copy_in)
+    gets.update(kvstore=get_all, baseline=copy_out)
+    lmc = None
+    if peer:
+        import torch
+
+        # One copy stream, like the tier and the baseline: torch's OpenMP copy threads wait at
+        # a barrier for a descheduled peer on a busy 2-core machine (milliseconds a page).
+        torch.set_num_threads(1)
+        shape = (layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        lmc = lmcache_peer.CpuBackend(shape, torch.bfloat16, n_pages * page)
+        as_t = [torch.from_numpy(p).view(torch.bfloat16).view(shape) for p in src_views]
+        out_t = [torch.from_numpy(p).view(torch.bfloat16).view(shape) for p in dst_views]
+        ids = list(range(n_pages))
+
+        def lmc_put() -> None:
+            for i in spans:
+                lmc.remove(ids[i : i + batch])
+                lmc.put(ids[i : i + batch], as_t[i : i + batch])
+
+        def lmc_get() -> None:
+            for i in spans:
+                lmc.get(ids[i : i + batch], out_t[i : i + batch])
+
+        puts[lmcache_peer.HOST_VARIANT] = lmc_put
+        gets[lmcache_peer.HOST_VARIANT] = lmc_get
+    try:
+        for name in puts:  # warm: slabs and pools faulted in; then check what comes back
+            puts[name]()
+            if name != "baseline":
+                dst[:] = 0
+                gets[name]()
+                assert np.array_equal(dst, src), f"{name} returned other bytes"
+        t_put = _best_interleaved(puts, rounds)
+        t_get = _best_interleaved(gets, rounds)
+    finally:
+        if lmc is not None:
+            lmc.close()
+    gb = n_pages * page / 1e9
+    lines: list[dict] = []
+    for direction, times in (("put", t_put), ("get", t_get)):
+        case = f"host/{direction} {label}"
+        base = gb / times["baseline"]
+        for name in times:
+            if name != "baseline":
+                lines.append({"case": case, "variant": name, "value": gb / times[name],
+                              "baseline": BASELINE, "baseline_value": base})
+        if lmcache_peer.HOST_VARIANT in times:
+            peer_line = lmcache_peer.peer_line(
+                "tiers", case, gb / times["kvstore"], gb / times[lmcache_peer.HOST_VARIANT]
+            )
+            lines.append(peer_line)
+    return lines
+
+
+
+def _best_interleaved(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    best = dict.fromkeys(fns, float("inf"))
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best

@@ -1,16 +1,20 @@
-"""``bench.tiers`` for the Redis tier: put/get GB/s of pages against raw redis-py, same server.
+"""``bench.tiers`` for the Redis tier: put/get GB/s of pages against raw redis-py and against
+LMCache's native Redis client, same server, same run.
 
-What is measured, in one run, on one server, with the same 2 MiB pages (Llama-3-8B layout: 32
-layers, 8 KV heads, head_dim 128, 16-token blocks, bf16) in batches of ``batch`` pages:
+What is measured, in one run, on one server, with pages of 2 MiB (Llama-3-8B layout: 32 layers,
+8 KV heads, head_dim 128, 16-token blocks, bf16) and of 256 KiB (the same with 4 layers), in
+batches of 16 and of 64 pages:
 
 * ``kvstore`` — ``RedisTier.write`` / ``RedisTier.read`` (records with verified headers, checksums
   and the record MAC — keyed BLAKE3 under a deployment secret — computed on put and checked on
   get, pages read into the caller's buffers);
-* ``kvstore, MAC off`` — the same tier with the MAC switched off (``bench.mac.NoMac``), under
-  its own key prefix; the line "MAC on vs off" gives the MAC's cost as the ratio on/off;
-* ``kvstore, MAC on the calling thread`` — only where the tier hashes on its MAC pool by
-  default (``record.default_mac_threads()``: from 4 cores): the MAC on with ``mac_threads=0``,
-  so "MAC on the calling thread vs off" next to "MAC on vs off" shows what the pool gains;
+* ``kvstore, MAC off`` (2 MiB x 16 only) — the same tier with the MAC switched off
+  (``bench.mac.NoMac``), under its own key prefix; the line "MAC on vs off" gives its cost;
+* ``kvstore, MAC on the calling thread`` (2 MiB x 16, only where the tier hashes on its MAC
+  pool by default: from 4 cores) — the MAC on with ``mac_threads=0``;
+* LMCache's C++ RESP client (``bench.lmcache_peer``, 8 workers: its default) — ``SET``/``GET``
+  of the same page bytes, a batch per call; the line "kvstore vs LMCache" is our throughput
+  over its. Left out, with the reason printed, where LMCache is not installed;
 * the baseline — raw redis-py (with hiredis) ``SET`` / ``GET`` of the same page bytes, the way a
   user would write it, in both usual styles: a pipeline per batch of the same size, and a plain
   loop of single commands. The baseline value is the *faster* of the two in this run (each is
@@ -18,10 +22,10 @@ layers, 8 KV heads, head_dim 128, 16-token blocks, bf16) in batches of ``batch``
 
 Rounds interleave the contenders (one pass over all batches each, in a rotating order), so a
 noisy neighbour slows all of them alike; each figure is total page bytes over total time across
-rounds. Gets use the same server-side data for every contender: the tier's records and the raw
-blobs are written once before timing. Without ``url`` a private redis-server
-(``--save "" --appendonly no``) is started on a free loopback port and stopped afterwards; with
-``url`` the bench writes under a random key prefix there and deletes its keys afterwards.
+rounds. Gets use the same server-side data for every contender: everything is written once
+before timing. Without ``url`` a private redis-server (``--save "" --appendonly no``) is started
+on a free loopback port and stopped afterwards; with ``url`` the bench writes under a random key
+prefix there and deletes its keys afterwards.
 """
 
 from __future__ import annotations
@@ -39,17 +43,37 @@ import numpy as np
 BENCH = "tiers"
 
 
+#: (size name, layers) of the two page sizes (8 KV heads of 128, 16-token blocks, bf16).
+SIZES = (("2MiB", 32), ("256KiB", 4))
+BATCHES = (16, 64)
+LMCACHE_WORKERS = 8
+
+
 def measure(args: Any) -> list[dict[str, Any]]:
     """Measurement dicts (BENCHMARKS.md convention, without ``machine``)."""
     quick = bool(getattr(args, "quick", False))
     url = getattr(args, "url", None)
+    from bench import lmcache_peer
+
+    no_peer = lmcache_peer.unavailable()
+    if no_peer:
+        print(f"bench.tiers redis: no LMCache peer: {no_peer}", file=sys.stderr)
+    lines: list[dict[str, Any]] = []
     with _server(url) as server_url:
-        return _measure(server_url, quick=quick)
+        for size, layers in SIZES:
+            for batch in BATCHES:
+                first = (size, batch) == (SIZES[0][0], BATCHES[0])
+                lines += _measure(server_url, layers, f"{size}x{batch}", batch, quick=quick,
+                                  variants=first, peer=no_peer is None)
+    return lines
 
 
-def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
+def _measure(
+    url: str, layers: int, label: str, batch: int, *, quick: bool, variants: bool, peer: bool
+) -> list[dict[str, Any]]:
     import redis
 
+    from bench import lmcache_peer
     from bench.mac import (
         BENCH_SECRET,
         VARIANT_CALLER,
@@ -58,16 +82,16 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
         mac_cost_line,
         tier_macs,
     )
-    from kvstore.record import RecordMac, default_mac_threads
     from kvstore.keys import Namespace
     from kvstore.layout import KVLayout
+    from kvstore.record import RecordMac, default_mac_threads
     from kvstore.tiers.redis import RedisTier
 
-    layout = KVLayout(32, 8, 128, 16, "bfloat16")
-    batch = 16 if quick else 32
-    n_batches = 2 if quick else 4
-    rounds = 6 if quick else 12
-    n = batch * n_batches
+    layout = KVLayout(layers, 8, 128, 16, "bfloat16")
+    total = (32 << 20) if quick else (128 << 20)
+    rounds = 3 if quick else 6
+    n = max(batch, total // layout.page_bytes // batch * batch)
+    n_batches = n // batch
     prefix = f"kvbench-{uuid.uuid4().hex[:8]}"
     ns = Namespace("bench/llama-3-8b", layout)
     chain = ns.chain(np.arange(n * layout.block_size, dtype=np.int64) % 128_000)
@@ -79,16 +103,21 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
     raw_names = [f"{prefix}-raw:{i}".encode() for i in range(n)]
     batches = [range(b * batch, (b + 1) * batch) for b in range(n_batches)]
 
+    macs = tier_macs() if variants else {VARIANT_ON: tier_macs()[VARIANT_ON]}
     tiers = {
         variant: RedisTier("redis", layout, n, url=url, key_prefix=f"{prefix}-{i}",
                            timeout_s=30.0, mac=mac)
-        for i, (variant, mac) in enumerate(tier_macs().items())
+        for i, (variant, mac) in enumerate(macs.items())
     }
-    if default_mac_threads():
+    if variants and default_mac_threads():
         tiers[VARIANT_CALLER] = RedisTier("redis", layout, n, url=url, key_prefix=f"{prefix}-c",
                                           timeout_s=30.0, mac=RecordMac(BENCH_SECRET),
                                           mac_threads=0)
     client = redis.Redis.from_url(url, socket_timeout=30)
+    lmc = lmcache_peer.redis_client(url, LMCACHE_WORKERS) if peer else None
+    lmc_names = lmcache_peer.keys(prefix, n)
+    lmc_outs = np.empty_like(pages)
+    lmc_out_list = list(lmc_outs)
     try:
 
         def ours_put(tier: RedisTier) -> Callable[[], None]:
@@ -128,34 +157,58 @@ def _measure(url: str, *, quick: bool) -> list[dict[str, Any]]:
             for i in range(n):
                 assert client.get(raw_names[i]) is not None
 
+        def lmc_put() -> None:
+            assert lmc is not None
+            for r in batches:
+                lmc.set(lmc_names[r.start : r.stop], page_list[r.start : r.stop])
+
+        def lmc_get() -> None:
+            assert lmc is not None
+            for r in batches:
+                lmc.get(lmc_names[r.start : r.stop], lmc_out_list[r.start : r.stop])
+
         puts = {v: ours_put(t) for v, t in tiers.items()}
         puts.update(pipeline=raw_put_pipe, loop=raw_put_loop)
         gets = {v: ours_get(t) for v, t in tiers.items()}
         gets.update(pipeline=raw_get_pipe, loop=raw_get_loop)
+        if lmc is not None:
+            puts[lmcache_peer.REDIS_VARIANT] = lmc_put
+            gets[lmcache_peer.REDIS_VARIANT] = lmc_get
         for fn in (*puts.values(), *gets.values()):  # warm up: connections, allocator, keys
             fn()
         assert np.array_equal(outs, pages), "kvstore returned other bytes than it stored"
+        if lmc is not None:
+            assert np.array_equal(lmc_outs, pages), "LMCache returned other bytes than it stored"
         put_s = _interleaved(puts, rounds)
         get_s = _interleaved(gets, rounds)
     finally:
         for tier in tiers.values():
             _cleanup(client, tier, chain.keys, raw_names)
             tier.close()
+        if lmc is not None:
+            lmc.delete(lmc_names)
+            lmc.close()
         client.close()
 
     nbytes = rounds * n * layout.page_bytes
     lines = []
-    for case, times, cmd in (("redis/put", put_s, "SET"), ("redis/get", get_s, "GET")):
+    for direction, times, cmd in (("put", put_s, "SET"), ("get", get_s, "GET")):
+        case = f"redis/{direction} {label}"
         gbs = {k: nbytes / t / 1e9 for k, t in times.items()}
         base = max(gbs["pipeline"], gbs["loop"])
-        for variant in tiers:
-            lines.append(_line(case, variant, gbs[variant], f"raw redis-py {cmd}", base))
+        for variant in (*tiers, lmcache_peer.REDIS_VARIANT):
+            if variant in gbs:
+                lines.append(_line(case, variant, gbs[variant], f"raw redis-py {cmd}", base))
         lines.append(_line(case, f"raw redis-py {cmd} pipeline ({batch}/batch)", gbs["pipeline"]))
         lines.append(_line(case, f"raw redis-py {cmd} loop", gbs["loop"]))
-        lines.append(mac_cost_line(BENCH, case, gbs[VARIANT_ON], gbs[VARIANT_OFF]))
+        if VARIANT_OFF in gbs:
+            lines.append(mac_cost_line(BENCH, case, gbs[VARIANT_ON], gbs[VARIANT_OFF]))
         if VARIANT_CALLER in gbs:
             lines.append(mac_cost_line(BENCH, case, gbs[VARIANT_CALLER], gbs[VARIANT_OFF],
                                        "MAC on the calling thread vs off"))
+        if lmcache_peer.REDIS_VARIANT in gbs:
+            lines.append(lmcache_peer.peer_line(BENCH, case, gbs[VARIANT_ON],
+                                                gbs[lmcache_peer.REDIS_VARIANT]))
     return lines
 
 

@@ -107,7 +107,7 @@ def run(quick: bool) -> list[Measurement]:
     stage("kvstore: no reuse, host hit, disk hit")
     cfg = {"tiers": [{"kind": "host", "capacity": "1GiB"},
                      {"kind": "disk", "capacity": "1GiB", "path": str(tmp / "disk"),
-                      "fsync": False}],
+                      "durability": "none"}],
            "store": {"write_policy": "write_through"}}
     llm = make_llm(model, kvstore_transfer_config(cfg), max_model_len=max_len)
     try:

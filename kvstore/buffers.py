@@ -14,6 +14,7 @@ Anything else raises :class:`InvalidArgument` naming the offending shape, dtype 
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,21 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     raw = np.empty(nbytes + align, dtype=np.uint8)
     skip = (-raw.ctypes.data) % align
     return raw[skip : skip + nbytes]
+
+
+def hugepage_buffer(nbytes: int) -> np.ndarray:
+    """An uninitialised (zero-filled on first touch) 1-D uint8 array of ``nbytes`` in an
+    anonymous mapping: page-aligned (so pages go to an O_DIRECT disk without a bounce copy) and
+    advised ``MADV_HUGEPAGE`` where the kernel has transparent huge pages. With THP in
+    ``madvise`` mode, copies into such memory run about twice as fast as into malloc'ed memory
+    (fewer TLB misses and page faults)."""
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # pragma: no cover - kernels without THP
+            pass
+    return np.frombuffer(region, dtype=np.uint8)
 
 
 def aligned_pages(n: int, page_bytes: int) -> np.ndarray:

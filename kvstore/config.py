@@ -256,6 +256,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "KVSTORE_TORCH_SPEC": "scripts/bootstrap.sh: the torch requirement to install",
     "KVSTORE_SKIP_TORCH": "scripts/bootstrap.sh: 1 keeps the torch already in .venv",
     "KVSTORE_WITH_VLLM": "scripts/bootstrap.sh: 1 installs vLLM's CPU build (tests/vllm)",
+    "KVSTORE_WITH_PEERS": "scripts/bootstrap.sh: 1 installs LMCache 0.5.6 (bench.tiers' peer)",
     "KVSTORE_GIT_COMMIT": "scripts/gpu.sh: the commit recorded with benchmark results",
     "KVSTORE_CRASH_CYCLES": "tests: kill cycles of the disk crash test",
     "KVSTORE_TEST_FULLFS": "tests: 'rlimit' forces that variant of the full-disk test",

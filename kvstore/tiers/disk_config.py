@@ -22,18 +22,28 @@ class DiskTierConfig(TierConfigBase):
     path: Path = Field(description="the tier's own directory (created if missing)")
     io_threads: int = Field(8, ge=1, le=256, description="parallel preadv/pwritev workers")
     o_direct: Literal["auto"] | bool = "auto"
-    fsync: bool = Field(True, description="durable across power loss, not only process crashes")
+    durability: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="when a put is power-safe: group (within sync_interval_ms), batch (at once: "
+        "a device flush per batch), none (never forced); all survive a process crash",
+    )
+    sync_interval_ms: float = Field(
+        100.0, gt=0, le=60_000, description="the group commit's bound (durability = group)"
+    )
     preallocate: bool = True
     allow_network_fs: bool = False
     check_index: bool = True
-    max_io_bytes: Size = Field(ByteSize(8 << 20), ge=4096, description="bytes per syscall")
+    max_io_bytes: Size = Field(
+        ByteSize(1 << 20), ge=4096, description="bytes per syscall (one slot where bigger)"
+    )
 
     def tier_kwargs(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "io_threads": self.io_threads,
             "o_direct": self.o_direct,
-            "fsync": self.fsync,
+            "durability": self.durability,
+            "sync_interval_ms": self.sync_interval_ms,
             "preallocate": self.preallocate,
             "allow_network_fs": self.allow_network_fs,
             "check_index": self.check_index,

@@ -261,6 +261,11 @@ class DiskIndex:
         self.entries = entries
         self.dropped_at_open = len(bad)
 
+    def flush(self) -> None:
+        """Flush every commit so far to the medium (an environment opened with ``sync``
+        false flushes only here)."""
+        self.env.sync(True)
+
     def _reserve(self) -> None:
         """Allocate room past the end of data.mdb so deletes (which free slab space) can still
         commit when the filesystem is full."""

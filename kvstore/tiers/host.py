@@ -20,13 +20,14 @@ Guarantees:
 
 from __future__ import annotations
 
-import mmap
+import ctypes
 import os
 import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from kvstore.buffers import hugepage_buffer
 from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
@@ -186,12 +187,12 @@ def _runs(
     while i < n:
         j = i + 1
         nbytes = bufs[i].nbytes
-        base = bufs[i].ctypes.data
+        base = _address(bufs[i])
         while (
             j < n
             and slots[j] == slots[i] + (j - i)
-            and bufs[j].ctypes.data == base + (j - i) * nbytes
             and bufs[j].flags.writeable == bufs[i].flags.writeable
+            and _address(bufs[j]) == base + (j - i) * nbytes
         ):
             j += 1
         if j - i == 1:
@@ -199,6 +200,14 @@ def _runs(
         else:
             yield slots[i], j - i, _span(bufs[i], (j - i) * nbytes)
         i = j
+
+
+def _address(buf: np.ndarray) -> int:
+    """``buf.ctypes.data``, a quarter of its cost where the buffer is writable (``ctypes.data``
+    builds an object per call: ~1 us, 10 % of a batch of 256 KiB pages' copy)."""
+    if buf.flags.writeable:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))  # type: ignore[arg-type]
+    return int(buf.ctypes.data)
 
 
 def _span(first: np.ndarray, nbytes: int) -> np.ndarray:
@@ -242,12 +251,5 @@ def _map(nbytes: int, pin_memory: bool | None) -> tuple[np.ndarray, bool]:
         # CUDA's host allocator page-locks (and page-aligns) the slab; the numpy view keeps the
         # tensor alive through its ``base``.
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy(), True
-    # Anonymous mmap: page-aligned, so pages go to an O_DIRECT disk tier without a bounce copy,
-    # and backed by huge pages where the kernel allows (fewer TLB misses on big copies).
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            region.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # pragma: no cover - kernels without THP
-            pass
-    return np.frombuffer(region, dtype=np.uint8), False
+    # Page-aligned (O_DIRECT without a bounce copy) and on huge pages where the kernel allows.
+    return hugepage_buffer(nbytes), False

@@ -42,6 +42,8 @@ Guarantees
       recovery is automatic.
     * **Round trips** — a batch (a lookup of a whole prompt, a get or put of many pages) is one
       pipelined exchange per server involved: one round trip per server, servers in parallel.
+      A put of at least 8 pages is cut into up to ``write_lanes`` parts sent over as many
+      connections at once (:mod:`kvstore.tiers.redis_lanes`): still one round trip.
     * **Concurrency** — thread-safe; each call takes its own pooled connection per server.
       Concurrent writers of one key write identical content (keys are content addresses), so
       last-writer-wins is harmless.
@@ -128,6 +130,7 @@ from kvstore.record import (
 )
 from kvstore.tiers.base import Tier
 from kvstore.tiers.redis_breaker import CircuitBreaker
+from kvstore.tiers.redis_lanes import Lanes
 from kvstore.tiers.redis_pool import (
     NET_ERRORS,
     Exchange,
@@ -161,6 +164,10 @@ _BACKOFF_S = 0.01  # first retry delay; doubles per retry
 #: A call that moves pages may take timeout_s + its bytes at this rate before it gives up on a
 #: server that is slow but not stalled (a stalled one fails after timeout_s without progress).
 _SLOW_BYTES_PER_S = 50e6
+#: Connections a batch of puts is split over. Measured on the 2-core machine, 2 MiB and
+#: 256 KiB pages in batches of 16 and 64, MAC on: 2 lanes put 8-27 % faster than 1, 4 no
+#: faster than 2; on gets lanes were 5-15 % slower (so gets do not use them).
+DEFAULT_WRITE_LANES = 2
 
 
 class RedisTier(Tier):
@@ -193,12 +200,16 @@ class RedisTier(Tier):
         key_prefix: str = "kvstore",
         mac: RecordMac | None = None,
         mac_threads: int | None = None,
+        write_lanes: int = DEFAULT_WRITE_LANES,
     ) -> None:
         """Connect to one server (``url``, e.g. ``redis://[user:password@]host:6379/0``;
         ``rediss://`` for TLS) or to a Redis Cluster (``cluster_nodes``, seeds as ``host:port``).
         ``mac``: the records' MAC, keyed by the deployment secret (None: the public key).
         ``mac_threads``: threads of the MAC pool that hashes a batch's pages in parallel (None:
         ``record.default_mac_threads()``, by the cores; 0: the calling thread hashes them).
+        ``write_lanes``: connections (per server) one batch of puts is split over, each part
+        hashed and sent at once (:mod:`kvstore.tiers.redis_lanes`); 1: one exchange. Gets are
+        one exchange: they already hash each page as it arrives, and lanes measured slower.
 
         Raises :class:`ConfigError` for a bad setting or rejected credentials, and
         :class:`TierUnavailable` when no server answers within ``connect_timeout_s``.
@@ -224,6 +235,12 @@ class RedisTier(Tier):
             )
         #: Threads of the MAC pool (0: none, the calling thread hashes).
         self.mac_threads = mac_threads
+        if not isinstance(write_lanes, int) or not 1 <= write_lanes <= 64:
+            raise InvalidArgument(
+                f"redis tier {name!r}: write_lanes must be in [1, 64], got {write_lanes!r}"
+            )
+        self.write_lanes = write_lanes
+        self._lanes = Lanes(name, write_lanes)
         self._hb = header_bytes(layout)
         self._rec_len = self._hb + layout.page_bytes
         self._window = max(1, _WINDOW_BYTES // self._rec_len)
@@ -373,6 +390,14 @@ class RedisTier(Tier):
         return found
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
+        return self._lanes.run(
+            self._write_lane, len(metas), (metas, pages),
+            lambda: self.metrics.errors.labels(self.name, "write").inc(),
+        )
+
+    def _write_lane(
+        self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]
+    ) -> list[bool]:
         names = [self._name(m.key) for m in metas]
         stored = [False] * len(metas)
         tail = b"\r\n" + (b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(self._ttl_ms), self._ttl_ms)
@@ -480,6 +505,7 @@ class RedisTier(Tier):
 
     def close(self) -> None:
         super().close()
+        self._lanes.close()
         with self._lock:
             pools = list(self._pools.values())
             cluster, self._cluster = self._cluster, None

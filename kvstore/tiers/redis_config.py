@@ -59,6 +59,9 @@ class RedisTierConfig(TierConfigBase):
         None, ge=0, le=256,
         description="threads hashing a batch's record MACs; None: by the cores, 0: the caller",
     )
+    write_lanes: int = Field(
+        2, ge=1, le=64, description="connections per server one batch of puts is split over"
+    )
 
     @field_validator("url")
     @classmethod
@@ -101,4 +104,5 @@ class RedisTierConfig(TierConfigBase):
             "compression": self.compression,
             "key_prefix": self.key_prefix,
             "mac_threads": self.mac_threads,
+            "write_lanes": self.write_lanes,
         }

@@ -18,7 +18,7 @@ def test_settings_reach_both_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         **SMALL, "model_id": "m", "connector": {"prefetch_timeout_s": 0.5, "layerwise": False},
         "tiers": [{"kind": "host", "name": "ram", "capacity": "1MiB"},
                   {"kind": "disk", "name": "nvme", "path": str(tmp_path / "d"),
-                   "capacity": "1MiB", "o_direct": False, "fsync": False}],
+                   "capacity": "1MiB", "o_direct": False, "durability": "none"}],
     })
     store = build_store(cfg)
     sched, worker = build_connector(cfg, store, num_blocks=16)

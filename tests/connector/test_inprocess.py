@@ -215,7 +215,7 @@ def test_lower_tier_pages_load_async_and_corrupt_page_fails(
 ) -> None:
     from kvstore.tiers.disk import DiskTier
 
-    disk = DiskTier("disk", layout, 32, path=tmp_path / "disk", o_direct=False, fsync=False,
+    disk = DiskTier("disk", layout, 32, path=tmp_path / "disk", o_direct=False, durability="none",
                     check_index=False)
     store = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), disk],
                         write_policy="write_through", clock=clock)

@@ -23,7 +23,7 @@ class Setup:
     """Host over a real disk tier (write-through); N blocks saved, blocks 2.. only on disk."""
 
     def __init__(self, layout: KVLayout, ns: Namespace, clock: FakeClock, path: Any) -> None:
-        self.disk = DiskTier("disk", layout, 32, path=path, o_direct=False, fsync=False,
+        self.disk = DiskTier("disk", layout, 32, path=path, o_direct=False, durability="none",
                              check_index=False)
         self.store = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), self.disk],
                                  write_policy="write_through", promote_on_hit=False, clock=clock)
@@ -199,7 +199,7 @@ def _engine(model: Any, path: Any, **worker_kw: Any) -> tuple[Any, TieredStore, 
     m = Metrics()
     pool = HBMTier("hbm", layout, 32, m, device="cpu")
     host = HostTier("host", layout, 16, m)
-    disk = DiskTier("disk", layout, 32, m, path=path, o_direct=False, fsync=False)
+    disk = DiskTier("disk", layout, 32, m, path=path, o_direct=False, durability="none")
     store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[list-item]
     ns = Namespace("test/tiny/7", layout)
     load_or_recompute = worker_kw.pop("load_or_recompute", False)

@@ -38,8 +38,11 @@ def test_parity_with_reference(sizes: list[int], dst_off: int, src_off: int, see
         spans_got.append((got[d : d + n], src_buf[s : s + n]))
         spans_want.append((want[d : d + n], src_buf[s : s + n]))
         d, s = d + n, s + n
-    ops.copy_spans(spans_got)
+    ops.copy_spans_native(spans_got)
     ops.copy_spans_reference(spans_want)
+    assert np.array_equal(got, want)
+    got[:] = 0
+    ops.copy_spans(spans_got)  # whichever copy_choice() picked
     assert np.array_equal(got, want)
 
 
@@ -54,6 +57,23 @@ def test_forced_reference_path() -> None:
         env={"KVSTORE_NATIVE": "0", "PATH": ""},
     )
     assert out.stdout.strip() == "False"
+
+
+def test_the_copy_is_chosen_by_measurement() -> None:
+    choice = ops.copy_choice()
+    assert set(choice) == {"small", "large"}
+    assert set(choice.values()) <= {"native", "numpy"}
+    assert ops.copy_choice() is choice, "measured once per process"
+
+
+@pytest.mark.parametrize(("switch", "want"), [("0", "numpy"), ("1", "native")])
+def test_the_native_switch_forces_the_copy_choice(switch: str, want: str) -> None:
+    code = "from kvstore import ops; c = ops.copy_choice(); print(c['small'], c['large'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={"KVSTORE_NATIVE": switch, "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.split() == [want, want]
 
 
 def test_a_bad_native_switch_is_an_error_for_library_users_too(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -281,7 +281,7 @@ def test_prefix_from_disk_loads_through_host(model: LlamaForPagedLM, tmp_path) -
     m = Metrics()
     pool = HBMTier("hbm", layout, 32, m, device=device_of(model))
     host = HostTier("host", layout, 16, m)
-    disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, fsync=False)
+    disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, durability="none")
     store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[arg-type]
     ns = Namespace("test/tiny/7", layout)
     engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
@@ -382,7 +382,7 @@ def test_disk_page_corrupted_after_lookup_is_recomputed(model: LlamaForPagedLM, 
 
     layout = model.config.kv_layout(BS)
     disk = DiskTier("disk", layout, 32, Metrics(), path=tmp_path / "disk", o_direct=False,
-                    fsync=False, check_index=False)
+                    durability="none", check_index=False)
     engine, store, host = _engine_over(model, disk)
     p = prompt(random.Random(12), 53)
     (ref,) = reference(model, [p])

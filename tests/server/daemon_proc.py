@@ -28,7 +28,7 @@ def write_config(directory: Path, *, host: str = "1MiB", disk: str | None = "4Mi
               "", "[[tiers]]", 'kind = "host"', f'capacity = "{host}"']
     if disk is not None:
         lines += ["", "[[tiers]]", 'kind = "disk"', f'path = "{directory}/disk"',
-                  f'capacity = "{disk}"', "fsync = false", "preallocate = false"]
+                  f'capacity = "{disk}"', 'durability = "none"', "preallocate = false"]
     path = directory / "kvstore.toml"
     path.write_text("\n".join(lines).replace("'", '"') + "\n")
     return path

@@ -8,6 +8,9 @@ Run as ``python -m tests.tiers.disk_child MODE ...`` from the repository root:
   the tier is open, and the server prints ``dead N STATUS`` when the worker is gone. Forking from
   an idle, single-threaded server costs milliseconds; starting Python costs half a second.
 * ``hold DIR`` — open a DiskTier on DIR, print ``ready`` and sleep (to be killed).
+* ``ack DIR N`` — open a DiskTier on DIR with a group commit that never comes in time (60 s),
+  write N pages in batches of 4, print ``acked`` and the hex keys ``write`` acknowledged, and
+  sleep (to be SIGKILLed before any group commit ran).
 * ``fullfs DIR LIMIT_BYTES`` — run :func:`full_fs_scenario` under ``RLIMIT_FSIZE`` (SIGXFSZ
   ignored, so writes past the limit fail with EFBIG) and print its result as JSON.
 
@@ -80,7 +83,7 @@ def crash_worker(directory: Path, seed: int) -> None:
     rng = random.Random(seed)
     tier = DiskTier(
         "crash", layout, CRASH_CAPACITY, path=directory, io_threads=2,
-        check_index=False, fsync=rng.random() < 0.5,
+        check_index=False, durability=rng.choice(("group", "group", "batch", "none")),
     )
     _say("ready")
     log_fd = os.open(directory / "acked.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -132,6 +135,20 @@ def _say(line: str) -> None:
 def hold(directory: Path) -> None:
     DiskTier("hold", CRASH_LAYOUT, 4, path=directory, check_index=False)
     print("ready", flush=True)
+    time.sleep(120)
+
+
+def ack_then_wait(directory: Path, n: int) -> None:
+    layout = CRASH_LAYOUT
+    tier = DiskTier("ack", layout, CRASH_CAPACITY, path=directory, check_index=False,
+                    durability="group", sync_interval_ms=60_000)
+    metas = block_metas(layout, range(n))
+    acked: list[str] = []
+    for i in range(0, n, 4):
+        batch = metas[i : i + 4]
+        pages = [in_buffer(expected_page(m.key, layout.page_bytes), True) for m in batch]
+        acked += [m.key.hex() for m, ok in zip(batch, tier.write(batch, pages)) if ok]
+    _say("acked " + " ".join(acked) + (" unsynced" if tier.unsynced else " synced"))
     time.sleep(120)
 
 
@@ -244,6 +261,8 @@ if __name__ == "__main__":
         serve(where)
     elif mode == "hold":
         hold(where)
+    elif mode == "ack":
+        ack_then_wait(where, int(sys.argv[3]))
     elif mode == "fullfs":
         fullfs_with_rlimit(where, int(sys.argv[3]))
     else:

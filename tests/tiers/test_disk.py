@@ -287,7 +287,7 @@ def test_damaged_records_are_detected(open_tier, disk_dir: Path) -> None:
     swapped headers, swapped payloads): every read is a miss or exactly the bytes written."""
     layout = L16
     pb = layout.page_bytes
-    tier = open_tier(layout, 24, fsync=False)
+    tier = open_tier(layout, 24, durability="none")
     metas = block_metas(layout, range(24))
     assert all(tier.write(metas, pages_for(metas, pb)))
     by_key = {m.key: m for m in metas}

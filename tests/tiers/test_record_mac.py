@@ -137,7 +137,7 @@ def test_redis_compressed_records_are_authenticated(redis_server: RedisServer) -
 
 
 def disk_tier(path: Path, secret: bytes | None) -> DiskTier:
-    return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, fsync=False,
+    return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
                     mac=RecordMac(secret))
 
 
@@ -297,7 +297,7 @@ def test_disk_parallel_verification_catches_a_forged_page_mid_batch(
     path = tmp_path / "disk"
 
     def tier() -> DiskTier:  # one record per preadv: each run verified on its own worker
-        return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, fsync=False,
+        return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
                         io_threads=4, max_io_bytes=disk_io.ALIGN, mac=RecordMac(SECRET_A))
 
     t = tier()

@@ -87,7 +87,8 @@ def test_round_trip_of_2mib_pages(redis_server: RedisServer) -> None:
 
 def test_lookup_of_a_whole_prompt_is_one_round_trip(redis_server: RedisServer) -> None:
     """Through a proxy that adds 150 ms to every reply, a lookup of 120 keys, a get of 120 pages
-    and a put of 120 pages each take about one delay, not 120."""
+    and a put of 120 pages each take about one delay, not 120 (the put's lanes run at once:
+    one exchange each, in parallel)."""
     ns, ch = chain(SMALL, 120)
     pages = pages_for(SMALL, 120)
     proxy = DelayProxy(redis_server.port, 0.0)
@@ -106,7 +107,8 @@ def test_lookup_of_a_whole_prompt_is_one_round_trip(redis_server: RedisServer) -
         t0 = time.monotonic()
         assert all(t.write(ch.metas(80), list(pages[80:])))
         put_s = time.monotonic() - t0
-        assert t.server_stats()[0].exchanges - before == 3
+        assert t.write_lanes == 2
+        assert t.server_stats()[0].exchanges - before == 2 + t.write_lanes
         for took in (lookup_s, get_s, put_s):
             assert 0.15 <= took < 0.5, (lookup_s, get_s, put_s)
     finally:
@@ -514,3 +516,29 @@ def test_redis_py_baseline_blobs_are_not_records(redis_server: RedisServer) -> N
         assert corrupt(t) == {"magic": 1}
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_a_put_split_over_lanes_stores_every_page_in_order(
+    redis_server: RedisServer, lanes: int
+) -> None:
+    """A batch of puts cut into lanes stores each page under its own key (the parts are
+    contiguous and joined in order), over as many connections as lanes."""
+    ns, ch = chain(SMALL, 50)
+    pages = pages_for(SMALL, 50, seed=lanes)
+    t = tier(redis_server, write_lanes=lanes)
+    try:
+        before = t.server_stats()[0].exchanges
+        assert t.write(ch.metas(), list(pages)) == [True] * 50
+        assert t.server_stats()[0].exchanges - before == lanes
+        assert t.write(ch.metas(0, 3), list(pages[:3])) == [True] * 3  # too few for lanes
+        outs = np.zeros_like(pages)
+        assert t.read(ns.id, ch.keys, list(outs)) == [True] * 50
+        assert np.array_equal(outs, pages)
+    finally:
+        t.close()
+
+
+def test_write_lanes_out_of_range_are_refused(redis_server: RedisServer) -> None:
+    with pytest.raises(InvalidArgument, match="write_lanes"):
+        tier(redis_server, write_lanes=0)

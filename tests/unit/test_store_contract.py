@@ -169,7 +169,7 @@ def test_a_closed_tier_refuses_work(kind: str, tmp_path) -> None:  # type: ignor
     from kvstore.tiers.disk import DiskTier
 
     tier = (HostTier("t", LAYOUT, 8, Metrics()) if kind == "host"
-            else DiskTier("t", LAYOUT, 8, Metrics(), path=tmp_path / "d", fsync=False))
+            else DiskTier("t", LAYOUT, 8, Metrics(), path=tmp_path / "d", durability="none"))
     assert tier.write(CHAIN.metas(), list(PAGES)) == [True] * 4
     tier.close()
     for call in (lambda: tier.contains(CHAIN.keys), lambda: tier.read(NS.id, CHAIN.keys, list(out(4))),

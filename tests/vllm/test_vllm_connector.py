@@ -55,7 +55,7 @@ def _host(capacity: str = "64MiB") -> dict[str, Any]:
 
 
 def _disk(path: Path) -> dict[str, Any]:
-    return {"kind": "disk", "capacity": "64MiB", "path": str(path), "fsync": False}
+    return {"kind": "disk", "capacity": "64MiB", "path": str(path), "durability": "none"}
 
 
 def _each_from_connector(llm: Any, expected: list[list[int]]) -> None:
@@ -121,7 +121,7 @@ from bench.vllm_engines import close_llm, engine_id, generate, kvstore_transfer_
 from connector.vllm import engine_stats
 model, disk, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 cfg = {"tiers": [{"kind": "host", "capacity": "64MiB"},
-                 {"kind": "disk", "capacity": "64MiB", "path": disk, "fsync": False}]}
+                 {"kind": "disk", "capacity": "64MiB", "path": disk, "durability": "none"}]}
 llm = make_llm(model, kvstore_transfer_config(cfg))
 tokens, cached = generate(llm, [prompt])[0]
 st = engine_stats(engine_id(llm))
