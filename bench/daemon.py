@@ -38,7 +38,9 @@ def _layout_cfg(quick: bool) -> dict[str, Any]:
             "block_size": 16, "dtype": "bfloat16"}
 
 
-def _start_daemon(tmp: Path, layout: dict[str, Any], host: str) -> tuple[subprocess.Popen, str]:
+def start_daemon(tmp: Path, layout: dict[str, Any], host: str) -> tuple[subprocess.Popen, str]:
+    """A ``kvstore serve`` in ``tmp`` with one host tier of ``host`` bytes and ``layout``'s
+    ``[layout]``; returns the process and its target once a client can connect."""
     cfg = tmp / "kvstore.toml"
     lines = ['model_id = "bench"', "[layout]"]
     lines += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in layout.items()]
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     base_save, base_load = base["bytes"] / base["save_s"] / 1e9, base["bytes"] / base["load_s"] / 1e9
     base_p50, base_p99 = (float(np.percentile(base["lat"], p)) * 1e3 for p in (50, 99))
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-daemon-") as tmp:
-        proc, target = _start_daemon(Path(tmp), layout_cfg, f"{host_pages * layout.page_bytes}B")
+        proc, target = start_daemon(Path(tmp), layout_cfg, f"{host_pages * layout.page_bytes}B")
         try:
             ctx = mp.get_context("spawn")
             for n in clients:

@@ -15,6 +15,9 @@ Cases (a prompt of ``N`` tokens: a shared prefix plus a short suffix that stays 
                         load): its overhead against ``recompute`` (target <= 3 %);
 * ``host hit``       -- our connector, the same prompt again, its blocks in our host tier;
 * ``disk hit``       -- the same with host emptied before each run (loaded from disk);
+* ``daemon no reuse`` / ``daemon host hit`` -- our connector over a ``kvstore serve``
+                        sidecar (``kv_connector_extra_config.daemon``; pages through its
+                        shared-memory host slab), new prompts / the same prompt again;
 * ``ExampleConnector hit`` -- vLLM's ExampleConnector (one safetensors file per layer and
                         prompt), the same prompt again: the peer. Target: host hit >= 3x its
                         speed.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -86,9 +90,10 @@ def run(quick: bool) -> list[Measurement]:
     n_tokens = 1024 if quick else 4096
     runs = 5 if quick else 9
     tmp = Path(tempfile.mkdtemp(prefix="kvstore-bench-vllm-"))
-    model = write_tiny_llama(tmp / "model", num_layers=4, hidden=256)
+    num_layers, hidden = 4, 256  # 4 attention heads of 64, 2 KV heads (write_tiny_llama)
+    model = write_tiny_llama(tmp / "model", num_layers=num_layers, hidden=hidden)
     rng = random.Random(0)
-    fresh = {i: _prompt(rng, n_tokens) for i in range(3 * (runs + 1))}  # new prompts
+    fresh = {i: _prompt(rng, n_tokens) for i in range(4 * (runs + 1))}  # new prompts
     same = _prompt(rng, n_tokens)  # the reused prompt
     hit = (n_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
     max_len = n_tokens + 64
@@ -129,6 +134,26 @@ def run(quick: bool) -> list[Measurement]:
     finally:
         close_llm(llm)
 
+    stage("kvstore over the daemon: no reuse, host hit")
+    from bench.daemon import start_daemon
+
+    layout = {"num_layers": num_layers, "num_kv_heads": 2, "head_dim": hidden // 4,
+              "block_size": BLOCK_SIZE, "dtype": "float32", "block_format": "vllm-cpu"}
+    (tmp / "daemon").mkdir()
+    proc, target = start_daemon(tmp / "daemon", layout, "1GiB")
+    try:
+        llm = make_llm(model, kvstore_transfer_config({"daemon": target}), max_model_len=max_len)
+        try:
+            k = 2 * (runs + 1)
+            ttft["daemon no reuse"] = _ttft_s(llm, lambda i: fresh[k + i], runs, want_cached=0)
+            generate(llm, [same], max_tokens=1)
+            ttft["daemon host hit"] = _ttft_s(llm, lambda i: same, runs, want_cached=hit)
+        finally:
+            close_llm(llm)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
     stage("ExampleConnector hit")
     llm = make_llm(model, example_transfer_config(str(tmp / "example")), max_model_len=max_len)
     try:
@@ -152,6 +177,11 @@ def run(quick: bool) -> list[Measurement]:
         measurement(BENCH, case, "kvstore host hit vs recompute", "ttft", ms["host hit"], "ms",
                     baseline="vLLM without a connector", baseline_value=ms["recompute"],
                     higher_is_better=False),
+        measurement(BENCH, case, "kvstore daemon no reuse", "ttft", ms["daemon no reuse"], "ms",
+                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
+                    higher_is_better=False),
+        measurement(BENCH, case, "kvstore daemon host hit", "ttft", ms["daemon host hit"], "ms",
+                    baseline=ex, baseline_value=ms["ExampleConnector hit"], higher_is_better=False),
         measurement(BENCH, case, "ExampleConnector hit", "ttft", ms["ExampleConnector hit"], "ms",
                     baseline="vLLM without a connector", baseline_value=ms["recompute"],
                     higher_is_better=False),

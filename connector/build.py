@@ -18,13 +18,15 @@ if TYPE_CHECKING:
     from connector.daemon import DaemonStore
 
 
-def build_worker(conn: ConnectorConfig, store: TieredStore | DaemonStore,
-                 host_tier: str) -> InProcessWorker:
+def build_worker(conn: ConnectorConfig, store: TieredStore | DaemonStore, host_tier: str, *,
+                 cpu_inline: bool = False) -> InProcessWorker:
     """The worker side over ``store`` (embedded or the daemon), staging through ``host_tier``,
-    with ``conn``'s prefetch and layer-wise settings."""
+    with ``conn``'s prefetch and layer-wise settings; ``cpu_inline`` as for
+    :class:`InProcessWorker`."""
     return InProcessWorker(store, host_tier=host_tier,  # type: ignore[arg-type]
                            prefetch_policy=conn.prefetch_policy,
-                           prefetch_timeout_s=conn.prefetch_timeout_s, layerwise=conn.layerwise)
+                           prefetch_timeout_s=conn.prefetch_timeout_s, layerwise=conn.layerwise,
+                           cpu_inline=cpu_inline)
 
 
 def build_connector(

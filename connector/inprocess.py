@@ -414,7 +414,10 @@ class InProcessWorker(KVConnectorWorker):
     save the host tier has no room for (everything evictable pinned) is counted in
     ``saves_abandoned``.
     ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
-    layer's spans of a CPU cache (tests inject a slow one)."""
+    layer's spans of a CPU cache (tests inject a slow one). ``cpu_inline``: a CPU cache's host
+    loads and saves copy on the engine thread, not on the load and save threads -- for engines
+    whose OpenMP runtime spins on every core between parallel regions (vLLM's CPU backend; see
+    :class:`~connector.transfer.CpuTransfer`)."""
 
     def __init__(
         self,
@@ -427,6 +430,7 @@ class InProcessWorker(KVConnectorWorker):
         layerwise: bool = True,
         clock: Callable[[], float] = time.monotonic,
         copy_fn: CopyFn = copy_spans,
+        cpu_inline: bool = False,
     ) -> None:
         if not load_timeout_s > 0:
             raise InvalidArgument(f"load_timeout_s must be > 0, got {load_timeout_s!r}")
@@ -448,6 +452,7 @@ class InProcessWorker(KVConnectorWorker):
         self.layerwise = bool(layerwise)
         self._clock = clock
         self._copy = copy_fn
+        self._cpu_inline = bool(cpu_inline)
         self._spec: KVCacheSpec | None = None
         self._xfer: LayerTransfer | None = None
         self._lock = threading.Lock()
@@ -486,7 +491,7 @@ class InProcessWorker(KVConnectorWorker):
         assert all(tuple(v.shape) == (spec.num_blocks, self._layer_bytes) for v in layers)
         xfer = make_transfer(layers, self._host.slab_tensor, self.layout.num_layers,
                              self.layout.page_bytes,
-                             self._copy, self._saver)
+                             self._copy, self._saver, cpu_inline=self._cpu_inline)
         if self._xfer is not None:
             self._xfer.close()
         self._spec, self._xfer = spec, xfer

@@ -132,7 +132,10 @@ class KVStoreVLLMStats:
 
 class EngineState:
     """One vLLM engine's store (embedded, or the daemon), the worker-side connector over it,
-    and the counters. ``store_for(namespace_id)`` is what a namespace's scheduler runs over."""
+    and the counters. ``store_for(namespace_id)`` is what a namespace's scheduler runs over.
+    The worker copies a CPU cache's host loads and saves on vLLM's thread (``cpu_inline``):
+    vLLM's CPU backend's OpenMP threads spin on every core between parallel regions, and a
+    copy thread would wait that long for a core (TTFT of a host hit ~200 ms instead of ~10)."""
 
     def __init__(self, cfg: KVStoreConfig, layout: KVLayout, num_blocks: int,
                  daemon: tuple[str, str | None] | None) -> None:
@@ -144,7 +147,8 @@ class EngineState:
             self.store = build_store(cfg)
             try:
                 self.host = staging_host(cfg.connector, self.store)
-                self.worker: InProcessWorker = build_worker(cfg.connector, self.store, self.host)
+                self.worker: InProcessWorker = build_worker(cfg.connector, self.store, self.host,
+                                                            cpu_inline=True)
             except BaseException:
                 self.store.close()
                 raise
@@ -157,7 +161,8 @@ class EngineState:
                         f"connector.host_tier is {cfg.connector.host_tier!r}; the daemon at "
                         f"{daemon[0]} stages through {self.host!r}",
                         hint="leave connector.host_tier unset in daemon mode")
-                self.worker = build_worker(cfg.connector, self.daemon, self.host)
+                self.worker = build_worker(cfg.connector, self.daemon, self.host,
+                                           cpu_inline=True)
             except BaseException:
                 self.daemon.close()
                 raise
