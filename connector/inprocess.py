@@ -136,7 +136,10 @@ class InProcessScheduler(KVConnectorScheduler):
     checked against it). Loads come from ``host_tier`` and the tiers below it; a page found only
     in a tier above it (the engine's own hbm pool) ends the match. ``recompute_tokens_per_s``:
     the engine's prefill speed; when set, blocks whose load from below host would be slower than
-    recomputing them are not matched (see the module docstring, "Load or recompute")."""
+    recomputing them are not matched (see the module docstring, "Load or recompute").
+    ``async_below_host``: a match with pages below host loads asynchronously (default); False:
+    synchronously like a host match -- for a worker with ``cpu_inline``, which then waits for
+    their prefetch on the engine thread."""
 
     def __init__(
         self,
@@ -146,6 +149,7 @@ class InProcessScheduler(KVConnectorScheduler):
         num_blocks: int,
         host_tier: str = "host",
         recompute_tokens_per_s: float | None = None,
+        async_below_host: bool = True,
     ) -> None:
         if namespace.layout != store.layout:
             raise InvalidArgument(
@@ -158,6 +162,7 @@ class InProcessScheduler(KVConnectorScheduler):
         self.num_blocks = num_blocks
         self.block_size = store.layout.block_size
         self.recompute_tokens_per_s = recompute_tokens_per_s  # validated by the setter
+        self.async_below_host = bool(async_below_host)
         self.decisions: Counter[str] = Counter()  # matched blocks below host: load / recompute
         self._m_decisions = store.metrics.counter(
             "kvstore_connector_decisions",
@@ -200,7 +205,7 @@ class InProcessScheduler(KVConnectorScheduler):
             if found.lease is not None:
                 self._release(found.lease)
             return LoadMatch(0, False)
-        load_async = any(rank[t] > self._host for t in found.tiers[:n])
+        load_async = self.async_below_host and any(rank[t] > self._host for t in found.tiers[:n])
         lease = found.lease
         if lease is not None and n < found.num_blocks:
             try:  # the rest (held in hbm, or declined) must stay evictable
@@ -414,10 +419,13 @@ class InProcessWorker(KVConnectorWorker):
     save the host tier has no room for (everything evictable pinned) is counted in
     ``saves_abandoned``.
     ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
-    layer's spans of a CPU cache (tests inject a slow one). ``cpu_inline``: a CPU cache's host
-    loads and saves copy on the engine thread, not on the load and save threads -- for engines
-    whose OpenMP runtime spins on every core between parallel regions (vLLM's CPU backend; see
-    :class:`~connector.transfer.CpuTransfer`)."""
+    layer's spans of a CPU cache (tests inject a slow one). ``cpu_inline``: a CPU cache's
+    synchronous loads and its saves copy on the engine thread, not on the load and save
+    threads, and a synchronous load of pages below host waits for their prefetch there (per the
+    prefetch policy; pair it with a scheduler's ``async_below_host=False``) -- for engines whose
+    threads leave no CPU to ours: vLLM's CPU backend, whose OpenMP threads spin on every core
+    between parallel regions and whose engine loop polls while a request waits for an
+    asynchronous load (see :class:`~connector.transfer.CpuTransfer`)."""
 
     def __init__(
         self,
@@ -557,7 +565,7 @@ class InProcessWorker(KVConnectorWorker):
                     # its forward (a load thread would contend with it for the GIL while it
                     # launches the layers' kernels); the thread only waits for them to land.
                     try:
-                        queued = self._resolve_and_queue(job, may_wait=False)
+                        queued = self._resolve_and_queue(job, may_wait=self._cpu_inline)
                     except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
                         queued = (0, "error")
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own

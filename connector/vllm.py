@@ -14,10 +14,12 @@ Scheduler side (vLLM's scheduler thread; never waits for a copy)::
 
     get_num_new_matched_tokens(request, n_local)  -> (tokens to load, load_async), or
         (None, False) while the lookup of a tier below host is in flight (vLLM asks again
-        in a later step; the scheduler thread never waits on disk or Redis)
+        in a later step; the lookup never waits on disk or Redis)
         keys of request.all_token_ids in the request's namespace (below); a match from the host
-        tier loads synchronously in the next step, one from disk or Redis asynchronously
-        (vLLM parks the request until get_finished reports it in ``recving``)
+        tier loads synchronously in the next step; one from disk or Redis asynchronously
+        (vLLM parks the request until get_finished reports it in ``recving``) -- except on
+        vLLM's CPU backend, where it loads synchronously too, its prefetch waited for on vLLM's
+        thread: see :class:`connector.vllm_engine.EngineState` (``cpu_inline``) for why
     update_state_after_alloc(request, blocks, n)  -- every scheduled request; n > 0 hands the
         blocks after the local prefix (blocks[n_local/B : (n_local+n)/B]) to the match
     build_connector_meta(scheduler_output)       -- per scheduled request, the blocks that become
@@ -245,7 +247,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         if sched is None:
             sched = self._scheds[ns.id] = InProcessScheduler(
                 self._engine.store_for(ns.id), ns,  # type: ignore[arg-type]
-                num_blocks=self._engine.num_blocks, host_tier=self._host)
+                num_blocks=self._engine.num_blocks, host_tier=self._host,
+                async_below_host=not self._engine.cpu_inline)
         return sched
 
     def _skip_reason(self, request: Request) -> str | None:
@@ -340,7 +343,9 @@ class KVStoreConnector(KVConnectorBase_V1):
     def _plan_saves(self, st: _Req, num_computed: int, num_scheduled: int) -> None:
         """Hand the blocks that are full once this step ran to the scheduler's saves."""
         B = self._block_size
-        if st.saved is None:  # blocks vLLM had or loaded when first scheduled are not saved
+        if st.saved is None or num_computed < st.saved * B:
+            # first scheduled: the blocks vLLM had or loaded are not saved; or vLLM recomputes
+            # blocks it had counted (a synchronous load of them failed): they are saved anew
             st.saved = num_computed // B
         tokens = st.request.all_token_ids
         full = min(num_computed + num_scheduled, len(tokens), len(st.block_ids) * B) // B

@@ -133,14 +133,20 @@ class KVStoreVLLMStats:
 class EngineState:
     """One vLLM engine's store (embedded, or the daemon), the worker-side connector over it,
     and the counters. ``store_for(namespace_id)`` is what a namespace's scheduler runs over.
-    The worker copies a CPU cache's host loads and saves on vLLM's thread (``cpu_inline``):
-    vLLM's CPU backend's OpenMP threads spin on every core between parallel regions, and a
-    copy thread would wait that long for a core (TTFT of a host hit ~200 ms instead of ~10)."""
+
+    ``cpu_inline`` (vLLM's CPU backend): every load is synchronous and every copy runs on
+    vLLM's thread -- a load from disk or Redis waits there for its prefetch (bounded by
+    ``connector.prefetch_timeout_s``; the lookup never waits, see the None path). A thread of
+    ours gets no CPU in time there: vLLM's OpenMP threads spin on every core between parallel
+    regions, and while a request waits for an asynchronous load vLLM's engine loop polls.
+    Measured on the 2-core machine (4K-token prompt, tiny Llama): a host hit ~200 ms with copy
+    threads against ~15 ms inline; a disk hit ~390 ms asynchronous against ~30 ms inline."""
 
     def __init__(self, cfg: KVStoreConfig, layout: KVLayout, num_blocks: int,
                  daemon: tuple[str, str | None] | None) -> None:
         self.cfg = cfg
         self.num_blocks = num_blocks
+        self.cpu_inline = layout.block_format == "vllm-cpu"
         self.store: TieredStore | None = None
         self.daemon: DaemonStore | None = None
         if daemon is None:
@@ -148,7 +154,7 @@ class EngineState:
             try:
                 self.host = staging_host(cfg.connector, self.store)
                 self.worker: InProcessWorker = build_worker(cfg.connector, self.store, self.host,
-                                                            cpu_inline=True)
+                                                            cpu_inline=self.cpu_inline)
             except BaseException:
                 self.store.close()
                 raise
@@ -162,7 +168,7 @@ class EngineState:
                         f"{daemon[0]} stages through {self.host!r}",
                         hint="leave connector.host_tier unset in daemon mode")
                 self.worker = build_worker(cfg.connector, self.daemon, self.host,
-                                           cpu_inline=True)
+                                           cpu_inline=self.cpu_inline)
             except BaseException:
                 self.daemon.close()
                 raise

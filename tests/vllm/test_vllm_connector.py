@@ -90,7 +90,7 @@ def test_prefix_from_disk_and_redis(tiny_llama: str, expected: list[list[int]], 
             assert tokens == expected[0]
             assert cached == LOADABLE
             st = engine_stats(engine_id(llm))
-            assert st.matched_tokens == {lower["kind"]: LOADABLE}  # found below host: async
+            assert st.matched_tokens == {lower["kind"]: LOADABLE}  # found below host
             assert st.worker is not None and st.worker.load_failures == {}
         finally:
             close_llm(llm)
