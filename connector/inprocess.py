@@ -420,12 +420,12 @@ class InProcessWorker(KVConnectorWorker):
     ``saves_abandoned``.
     ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
     layer's spans of a CPU cache (tests inject a slow one). ``cpu_inline``: a CPU cache's
-    synchronous loads and its saves copy on the engine thread, not on the load and save
-    threads, and a synchronous load of pages below host waits for their prefetch there (per the
-    prefetch policy; pair it with a scheduler's ``async_below_host=False``) -- for engines whose
-    threads leave no CPU to ours: vLLM's CPU backend, whose OpenMP threads spin on every core
-    between parallel regions and whose engine loop polls while a request waits for an
-    asynchronous load (see :class:`~connector.transfer.CpuTransfer`)."""
+    synchronous loads copy on the engine thread, not on a load thread, and a synchronous load
+    of pages below host waits for their prefetch there (per the prefetch policy; pair it with a
+    scheduler's ``async_below_host=False``) -- for engines whose threads leave no CPU to ours:
+    vLLM's CPU backend, whose OpenMP threads spin on every core between parallel regions and
+    whose engine loop polls while a request waits for an asynchronous load (see
+    :class:`~connector.transfer.CpuTransfer`). Saves keep the save thread."""
 
     def __init__(
         self,

@@ -120,13 +120,14 @@ class CpuTransfer(LayerTransfer):
     """CPU caches: loads copy on the load thread; saves copy on one save thread (in order) --
     the layer of a host load overlaps the compute of the layer before.
 
-    ``inline``: every copy runs on the engine thread instead -- a host load's in
-    ``start_load_kv``, a save's layer in ``save_kv_layer`` -- and the threads only complete
-    and publish. For an engine whose OpenMP runtime keeps spinning on every core between
-    parallel regions (vLLM's CPU backend: up to its 200 ms block time), where a copy thread
-    waits for a core as long and the engine waits for the copy (vLLM, a 1K-token host hit:
-    TTFT ~200 ms with copy threads, ~10 ms inline). Loads from below host (asynchronous,
-    behind a prefetch) keep their own thread: nothing waits for them."""
+    ``inline``: a load's copies run on the engine thread instead, in ``start_load_kv``, and
+    the load thread only completes it. For an engine whose OpenMP runtime keeps spinning on
+    every core between parallel regions (vLLM's CPU backend), where a load thread waited for a
+    core while the engine waited for its copy (vLLM, a 1K-token host hit: TTFT ~200 ms with a
+    load thread, ~10 ms inline). Saves stay on the save thread there: nothing waits for them
+    until ``wait_for_save``, by which time they ran beside the later layers' compute (a 4K-
+    token prefill into never-touched slots: ~45 ms of first-touch page faults inline, none
+    seen by the engine thread from the save thread)."""
 
     def __init__(self, layers: list[np.ndarray], slab: np.ndarray, num_layers: int,
                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor,
@@ -135,7 +136,7 @@ class CpuTransfer(LayerTransfer):
         self._L, self._page_bytes = num_layers, page_bytes
         self._copy, self._saver = copy_fn, saver
         self._copies: list[Future[None]] = []
-        self.inline = self.queue_on_caller = inline
+        self.queue_on_caller = inline
 
     def gate(self) -> None:
         return None
@@ -159,9 +160,6 @@ class CpuTransfer(LayerTransfer):
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
         src, slab = self._layers[layer], self._slab
         spans = [(slab[s, layer], src[b]) for b, s in zip(buf.block_ids, buf.slots)]
-        if self.inline:
-            self._copy(spans)
-            return
         fut = self._saver.submit(self._copy, spans)
         buf.pending.append(fut)
         self._copies.append(fut)
@@ -286,7 +284,7 @@ def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor,
                   cpu_inline: bool = False) -> LayerTransfer:
     """The transfer for the engine's cache: ``tensors_by_layer`` are ``(num_blocks, S)`` uint8
     views of each layer (CPU or one GPU); ``host_slab`` the staging tier's ``(P, page_bytes)``
-    slab (pinned for a CUDA cache). ``cpu_inline``: a CPU cache's copies run on the engine
+    slab (pinned for a CUDA cache). ``cpu_inline``: a CPU cache's loads copy on the engine
     thread (see :class:`CpuTransfer`)."""
     if tensors_by_layer[0].device.type == "cuda":
         return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes)

@@ -134,11 +134,12 @@ class EngineState:
     """One vLLM engine's store (embedded, or the daemon), the worker-side connector over it,
     and the counters. ``store_for(namespace_id)`` is what a namespace's scheduler runs over.
 
-    ``cpu_inline`` (vLLM's CPU backend): every load is synchronous and every copy runs on
-    vLLM's thread -- a load from disk or Redis waits there for its prefetch (bounded by
-    ``connector.prefetch_timeout_s``; the lookup never waits, see the None path). A thread of
-    ours gets no CPU in time there: vLLM's OpenMP threads spin on every core between parallel
-    regions, and while a request waits for an asynchronous load vLLM's engine loop polls.
+    ``cpu_inline`` (vLLM's CPU backend): every load is synchronous and copies on vLLM's thread
+    -- a load from disk or Redis waits there for its prefetch (bounded by
+    ``connector.prefetch_timeout_s``; the lookup never waits, see the None path); saves keep
+    their thread. A load thread of ours gets no CPU in time there: vLLM's OpenMP threads spin
+    on every core between parallel regions, and while a request waits for an asynchronous load
+    vLLM's engine loop polls.
     Measured on the 2-core machine (4K-token prompt, tiny Llama): a host hit ~200 ms with copy
     threads against ~15 ms inline; a disk hit ~390 ms asynchronous against ~30 ms inline."""
 
