@@ -171,33 +171,25 @@ def run(quick: bool) -> list[Measurement]:
 
     case = f"tiny-llama/{n_tokens}-tokens"
     ms = {k: v * 1e3 for k, v in ttft.items()}
-    ex = "vLLM ExampleConnector hit"
-    return [
-        measurement(BENCH, case, "recompute (no connector)", "ttft", ms["recompute"], "ms"),
-        measurement(BENCH, case, "vLLM prefix-cache hit (floor)", "ttft", ms["prefix cache"], "ms",
-                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
-                    higher_is_better=False),
-        measurement(BENCH, case, "kvstore host hit vs the floor", "ttft", ms["host hit"], "ms",
-                    baseline="vLLM prefix-cache hit", baseline_value=ms["prefix cache"],
-                    higher_is_better=False),
-        measurement(BENCH, case, "kvstore no reuse", "ttft", ms["no reuse"], "ms",
-                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
-                    higher_is_better=False),
-        measurement(BENCH, case, "kvstore host hit", "ttft", ms["host hit"], "ms",
-                    baseline=ex, baseline_value=ms["ExampleConnector hit"], higher_is_better=False),
-        measurement(BENCH, case, "kvstore disk hit", "ttft", ms["disk hit"], "ms",
-                    baseline=ex, baseline_value=ms["ExampleConnector hit"], higher_is_better=False),
-        measurement(BENCH, case, "kvstore host hit vs recompute", "ttft", ms["host hit"], "ms",
-                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
-                    higher_is_better=False),
-        measurement(BENCH, case, "kvstore daemon no reuse", "ttft", ms["daemon no reuse"], "ms",
-                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
-                    higher_is_better=False),
-        measurement(BENCH, case, "kvstore daemon host hit", "ttft", ms["daemon host hit"], "ms",
-                    baseline=ex, baseline_value=ms["ExampleConnector hit"], higher_is_better=False),
-        measurement(BENCH, case, "ExampleConnector hit", "ttft", ms["ExampleConnector hit"], "ms",
-                    baseline="vLLM without a connector", baseline_value=ms["recompute"],
-                    higher_is_better=False),
+    # (variant, its TTFT, the baseline's key); every ratio is baseline / value (a time)
+    recompute, example, floor = "recompute", "ExampleConnector hit", "prefix cache"
+    rows = [
+        ("vLLM prefix-cache hit (floor)", "prefix cache", recompute),
+        ("kvstore host hit vs the floor", "host hit", floor),
+        ("kvstore no reuse", "no reuse", recompute),
+        ("kvstore host hit", "host hit", example),
+        ("kvstore disk hit", "disk hit", example),
+        ("kvstore host hit vs recompute", "host hit", recompute),
+        ("kvstore daemon no reuse", "daemon no reuse", recompute),
+        ("kvstore daemon host hit", "daemon host hit", example),
+        ("ExampleConnector hit", "ExampleConnector hit", recompute),
+    ]
+    names = {recompute: "vLLM without a connector", example: "vLLM ExampleConnector hit",
+             floor: "vLLM prefix-cache hit"}
+    return [measurement(BENCH, case, "recompute (no connector)", "ttft", ms[recompute], "ms")] + [
+        measurement(BENCH, case, variant, "ttft", ms[key], "ms", baseline=names[base],
+                    baseline_value=ms[base], higher_is_better=False)
+        for variant, key, base in rows
     ]
 
 
