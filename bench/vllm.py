@@ -42,6 +42,7 @@ from typing import Any
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for --json lines
 
 from bench.common import (  # noqa: E402
     Measurement,
@@ -94,7 +95,7 @@ def _ttft_s(llm: Any, prompts: Callable[[int], list[int]], runs: int, *,
 
 def run(quick: bool) -> list[Measurement]:
     n_tokens = 1024 if quick else 4096
-    runs = 5 if quick else 9
+    runs = 5 if quick else 15
     tmp = Path(tempfile.mkdtemp(prefix="kvstore-bench-vllm-"))
     num_layers, hidden = 4, 256  # 4 attention heads of 64, 2 KV heads (write_tiny_llama)
     model = write_tiny_llama(tmp / "model", num_layers=num_layers, hidden=hidden)
@@ -195,7 +196,10 @@ def run(quick: bool) -> list[Measurement]:
 
 def main(argv: list[str] | None = None) -> None:
     args = add_standard_args(argparse.ArgumentParser(prog="python -m bench.vllm")).parse_args(argv)
+    load_before = os.getloadavg()[0]
     lines = run(args.quick)
+    # the machines are shared: what else ran is part of the result
+    notes = {"loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
     if args.json:
         emit_json(lines)
     else:
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             if host.ratio and over.ratio else "headline: n/a",
         )
     if args.record:
-        print(f"recorded {record(BENCH, lines, command_line())}")
+        print(f"recorded {record(BENCH, lines, command_line(), extra=notes)}")
 
 
 if __name__ == "__main__":
