@@ -420,11 +420,13 @@ class InProcessWorker(KVConnectorWorker):
     ``saves_abandoned``.
     ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
     layer's spans of a CPU cache (tests inject a slow one). ``cpu_inline``: a CPU cache's
-    synchronous loads copy on the engine thread, not on a load thread, and a synchronous load
-    of pages below host waits for their prefetch there (per the prefetch policy; pair it with a
-    scheduler's ``async_below_host=False``) -- for engines whose threads leave no CPU to ours:
-    vLLM's CPU backend, whose OpenMP threads spin on every core between parallel regions and
-    whose engine loop polls while a request waits for an asynchronous load (see
+    synchronous loads run whole on the engine thread in ``start_load_kv`` (pin, copy, complete:
+    no load thread), and a synchronous load of pages below host waits for their prefetch there
+    (per the prefetch policy; pair it with a scheduler's ``async_below_host=False``) -- for
+    engines whose threads leave no CPU to ours: vLLM's CPU backend, whose OpenMP threads spin on
+    every core between parallel regions (and stall when anything else runs during a forward:
+    a load completed over the daemon's socket meanwhile made a host hit ~200 ms instead of
+    ~18), and whose engine loop polls while a request waits for an asynchronous load (see
     :class:`~connector.transfer.CpuTransfer`). Saves keep the save thread."""
 
     def __init__(
@@ -571,6 +573,8 @@ class InProcessWorker(KVConnectorWorker):
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own
                 threading.Thread(target=self._run_load, args=(job, None), daemon=True,
                                  name=f"kvconnector-load-{spec.request_id}").start()
+            elif self._cpu_inline:  # completed before the forward: no thread of ours wakes in it
+                self._run_load(job, queued)
             else:
                 self._loader.submit(self._run_load, job, queued)
 

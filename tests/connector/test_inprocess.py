@@ -188,8 +188,8 @@ def test_layer_zero_ready_before_last_layer(host_store: TieredStore, ns: Namespa
 
 def test_cpu_inline_copies_run_on_the_engine_thread(host_store: TieredStore, ns: Namespace,
                                                     clock: FakeClock) -> None:
-    """With ``cpu_inline`` a host load copies in start_load_kv, on the caller's thread (saves
-    keep the save thread); the bytes round-trip exactly."""
+    """With ``cpu_inline`` a host load runs whole in start_load_kv, on the caller's thread --
+    pinned, copied, completed -- (saves keep the save thread); the bytes round-trip exactly."""
     threads: list[int] = []
 
     def recording_copy(spans: Spans) -> None:
@@ -208,6 +208,8 @@ def test_cpu_inline_copies_run_on_the_engine_thread(host_store: TieredStore, ns:
     rig.worker.bind_connector_metadata(rig.sched.build_connector_meta())
     rig.worker.start_load_kv()
     assert threads == [threading.get_ident()] * rig.layout.num_layers  # before any wait
+    assert rig.worker.stats().blocks_loaded == N  # completed (unpinned) there too
+    assert host_store.stats().active_leases == 0
     for s, d in zip([0, 1, 2, 3], dst):
         assert torch.equal(rig.block(d), rig.block(s))
     for lyr in range(rig.layout.num_layers):
