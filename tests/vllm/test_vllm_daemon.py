@@ -13,15 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.vllm_engines import (
-    BLOCK_SIZE,
-    close_llm,
-    engine_id,
-    generate,
-    kvstore_transfer_config,
-    make_llm,
-    reset_prefix_cache,
-)
+from bench import vllm_engines as ve
 from connector.daemon import DaemonStore
 from connector.vllm import engine_stats, engine_store
 from kvstore.errors import InvalidArgument
@@ -29,7 +21,7 @@ from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc, write_config
 from tests.vllm.prompts import LOADABLE, PROMPTS
 
 #: the page layout of vLLM's CPU cache for the tiny Llama (2 layers, 2 KV heads of 32)
-VLLM_LAYOUT = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "block_size": BLOCK_SIZE,
+VLLM_LAYOUT = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "block_size": ve.BLOCK_SIZE,
                "dtype": "float32", "block_format": "vllm-cpu"}
 
 
@@ -40,50 +32,52 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProc]:
 
 
 def _daemon_llm(model: str, target: str) -> Any:
-    return make_llm(model, kvstore_transfer_config({"daemon": target}))
+    return ve.make_llm(model, ve.kvstore_transfer_config({"daemon": target}))
 
 
 def test_daemon_mode_shares_across_engines_keeps_salts_apart_and_survives_an_outage(
         tiny_llama: str, expected: list[list[int]], daemon: DaemonProc) -> None:
     llm = _daemon_llm(tiny_llama, daemon.target)
     try:
-        assert isinstance(engine_store(engine_id(llm)), DaemonStore)
-        assert [t for t, _ in generate(llm, PROMPTS)] == expected  # saving changes nothing
-        assert generate(llm, [PROMPTS[0]], cache_salt="tenant-a")[0][0] == expected[0]
-        st = engine_stats(engine_id(llm))
+        assert isinstance(engine_store(ve.engine_id(llm)), DaemonStore)
+        assert [t for t, _ in ve.generate(llm, PROMPTS)] == expected  # saving changes nothing
+        assert ve.generate(llm, [PROMPTS[0]], cache_salt="tenant-a")[0][0] == expected[0]
+        st = engine_stats(ve.engine_id(llm))
         assert st.worker is not None and st.worker.blocks_saved > 0
         assert st.daemon_failures == {}
     finally:
-        close_llm(llm)  # its session ends; the pages stay in the daemon
+        ve.close_llm(llm)  # its session ends; the pages stay in the daemon
 
     stats = DaemonStore(daemon.target)
     try:
         held = stats.stats().tier("host").used_pages
-        assert held >= 2 * (LOADABLE // BLOCK_SIZE)  # two namespaces' prefixes at least
+        assert held >= 2 * (LOADABLE // ve.BLOCK_SIZE)  # two namespaces' prefixes at least
         llm = _daemon_llm(tiny_llama, daemon.target)  # a second engine: nothing in its own cache
         try:
-            eid = engine_id(llm)
-            tokens, cached = generate(llm, [PROMPTS[1]])[0]
+            eid = ve.engine_id(llm)
+            tokens, cached = ve.generate(llm, [PROMPTS[1]])[0]
             assert (tokens, cached) == (expected[1], LOADABLE)
             assert engine_stats(eid).matched_tokens == {"host": LOADABLE}
-            reset_prefix_cache(llm)
-            assert generate(llm, [PROMPTS[0]], cache_salt="tenant-b")[0] == (expected[0], 0)
-            reset_prefix_cache(llm)
-            assert generate(llm, [PROMPTS[0]], cache_salt="tenant-a")[0] == (expected[0], LOADABLE)
+            ve.reset_prefix_cache(llm)
+            assert ve.generate(llm, [PROMPTS[0]], cache_salt="tenant-b")[0] == (expected[0], 0)
+            ve.reset_prefix_cache(llm)
+            tokens, cached = ve.generate(llm, [PROMPTS[0]], cache_salt="tenant-a")[0]
+            assert (tokens, cached) == (expected[0], LOADABLE)
             st = engine_stats(eid)
             assert st.matched_tokens == {"host": 2 * LOADABLE}
-            assert st.worker is not None and st.worker.blocks_loaded == 2 * LOADABLE // BLOCK_SIZE
+            assert st.worker is not None
+            assert st.worker.blocks_loaded == 2 * LOADABLE // ve.BLOCK_SIZE
             assert st.worker.load_failures == {}
             assert stats.stats(check_integrity=True).integrity_error == ""
 
             assert daemon.stop(signal.SIGTERM) == 0  # the daemon goes away under the engine
-            reset_prefix_cache(llm)
-            assert generate(llm, [PROMPTS[2]])[0] == (expected[2], 0)  # recomputed
+            ve.reset_prefix_cache(llm)
+            assert ve.generate(llm, [PROMPTS[2]])[0] == (expected[2], 0)  # recomputed
             st = engine_stats(eid)
             assert st.daemon_failures.get("lookup", 0) >= 1
             assert st.worker is not None and st.worker.load_failures == {}
         finally:
-            close_llm(llm)
+            ve.close_llm(llm)
     finally:
         stats.close()
 
