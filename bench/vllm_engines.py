@@ -41,14 +41,16 @@ def example_transfer_config(path: str) -> Any:
                             kv_connector_extra_config={"shared_storage_path": path})
 
 
-def make_llm(model: str, transfer: Any = None, *, max_model_len: int = 4096) -> Any:
-    """A CPU ``vllm.LLM`` over ``model`` (token-id prompts, eager, block size 32)."""
+def make_llm(model: str, transfer: Any = None, *, max_model_len: int = 4096,
+             **llm_kwargs: Any) -> Any:
+    """A CPU ``vllm.LLM`` over ``model`` (token-id prompts, eager, block size 32);
+    ``llm_kwargs`` go to ``LLM`` (``disable_log_stats=False`` for ``llm.get_metrics()``)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
     return LLM(model=model, skip_tokenizer_init=True, enforce_eager=True,
                block_size=BLOCK_SIZE, dtype="float32", max_model_len=max_model_len,
-               kv_transfer_config=transfer, seed=0)
+               kv_transfer_config=transfer, seed=0, **llm_kwargs)
 
 
 def close_llm(llm: Any) -> None:

@@ -136,7 +136,10 @@ class InProcessScheduler(KVConnectorScheduler):
     checked against it). Loads come from ``host_tier`` and the tiers below it; a page found only
     in a tier above it (the engine's own hbm pool) ends the match. ``recompute_tokens_per_s``:
     the engine's prefill speed; when set, blocks whose load from below host would be slower than
-    recomputing them are not matched (see the module docstring, "Load or recompute")."""
+    recomputing them are not matched (see the module docstring, "Load or recompute").
+    ``async_below_host``: a match with pages below host loads asynchronously (default); False:
+    synchronously like a host match -- for a worker with ``cpu_inline``, which then waits for
+    their prefetch on the engine thread."""
 
     def __init__(
         self,
@@ -146,6 +149,7 @@ class InProcessScheduler(KVConnectorScheduler):
         num_blocks: int,
         host_tier: str = "host",
         recompute_tokens_per_s: float | None = None,
+        async_below_host: bool = True,
     ) -> None:
         if namespace.layout != store.layout:
             raise InvalidArgument(
@@ -158,6 +162,7 @@ class InProcessScheduler(KVConnectorScheduler):
         self.num_blocks = num_blocks
         self.block_size = store.layout.block_size
         self.recompute_tokens_per_s = recompute_tokens_per_s  # validated by the setter
+        self.async_below_host = bool(async_below_host)
         self.decisions: Counter[str] = Counter()  # matched blocks below host: load / recompute
         self._m_decisions = store.metrics.counter(
             "kvstore_connector_decisions",
@@ -200,7 +205,7 @@ class InProcessScheduler(KVConnectorScheduler):
             if found.lease is not None:
                 self._release(found.lease)
             return LoadMatch(0, False)
-        load_async = any(rank[t] > self._host for t in found.tiers[:n])
+        load_async = self.async_below_host and any(rank[t] > self._host for t in found.tiers[:n])
         lease = found.lease
         if lease is not None and n < found.num_blocks:
             try:  # the rest (held in hbm, or declined) must stay evictable
@@ -420,7 +425,15 @@ class InProcessWorker(KVConnectorWorker):
     save the host tier has no room for (everything evictable pinned) is counted in
     ``saves_abandoned``.
     ``clock``: the store's clock (lease expiry is judged by it). ``copy_fn``: copies one
-    layer's spans of a CPU cache (tests inject a slow one)."""
+    layer's spans of a CPU cache (tests inject a slow one). ``cpu_inline``: a CPU cache's
+    synchronous loads run whole on the engine thread in ``start_load_kv`` (pin, copy, complete:
+    no load thread), and a synchronous load of pages below host waits for their prefetch there
+    (per the prefetch policy; pair it with a scheduler's ``async_below_host=False``) -- for
+    engines whose threads leave no CPU to ours: vLLM's CPU backend, whose OpenMP threads spin on
+    every core between parallel regions (and stall when anything else runs during a forward:
+    a load completed over the daemon's socket meanwhile made a host hit ~200 ms instead of
+    ~18), and whose engine loop polls while a request waits for an asynchronous load (see
+    :class:`~connector.transfer.CpuTransfer`). Saves keep the save thread."""
 
     def __init__(
         self,
@@ -433,6 +446,7 @@ class InProcessWorker(KVConnectorWorker):
         layerwise: bool = True,
         clock: Callable[[], float] = time.monotonic,
         copy_fn: CopyFn = copy_spans,
+        cpu_inline: bool = False,
     ) -> None:
         if not load_timeout_s > 0:
             raise InvalidArgument(f"load_timeout_s must be > 0, got {load_timeout_s!r}")
@@ -454,6 +468,7 @@ class InProcessWorker(KVConnectorWorker):
         self.layerwise = bool(layerwise)
         self._clock = clock
         self._copy = copy_fn
+        self._cpu_inline = bool(cpu_inline)
         self._spec: KVCacheSpec | None = None
         self._xfer: LayerTransfer | None = None
         self._lock = threading.Lock()
@@ -492,7 +507,7 @@ class InProcessWorker(KVConnectorWorker):
         assert all(tuple(v.shape) == (spec.num_blocks, self._layer_bytes) for v in layers)
         xfer = make_transfer(layers, self._host.slab_tensor, self.layout.num_layers,
                              self.layout.page_bytes,
-                             self._copy, self._saver)
+                             self._copy, self._saver, cpu_inline=self._cpu_inline)
         if self._xfer is not None:
             self._xfer.close()
         self._spec, self._xfer = spec, xfer
@@ -558,12 +573,14 @@ class InProcessWorker(KVConnectorWorker):
                     # its forward (a load thread would contend with it for the GIL while it
                     # launches the layers' kernels); the thread only waits for them to land.
                     try:
-                        queued = self._resolve_and_queue(job, may_wait=False)
+                        queued = self._resolve_and_queue(job, may_wait=self._cpu_inline)
                     except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
                         queued = (0, "error")
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own
                 threading.Thread(target=self._run_load, args=(job, None), daemon=True,
                                  name=f"kvconnector-load-{spec.request_id}").start()
+            elif self._cpu_inline:  # completed before the forward: no thread of ours wakes in it
+                self._run_load(job, queued)
             else:
                 self._loader.submit(self._run_load, job, queued)
 

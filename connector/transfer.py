@@ -10,8 +10,9 @@ Both transfers have one shape, driven by :class:`~connector.inprocess.InProcessW
     load thread:   ctx = load_context(gate, block_ids, slots)
                    for l: load_layer(ctx, l) -> (worker sets its per-layer threading.Event)
                    finish_load(ctx)                 # the bytes are in the engine's blocks
-                   (with ``queue_on_caller`` -- CUDA -- the engine thread queues a host load's
-                   copies itself in start_load_kv; the load thread only runs finish_load)
+                   (with ``queue_on_caller`` -- CUDA, or an inline CPU transfer -- the engine
+                   thread queues (CPU: runs) a host load's copies itself in start_load_kv;
+                   the load thread only runs finish_load)
     engine thread: wait_layer(ctx, l)               # after the Event: compute may read layer l
     engine thread: buf = new_save(block_ids, slots)  # slots: reserved by store.prepare_store
                    begin_save_layer(l); save_layer(buf, l) per save, after attention wrote l
@@ -116,14 +117,26 @@ class LayerTransfer(ABC):
 
 
 class CpuTransfer(LayerTransfer):
-    """CPU caches: loads copy on the load thread; saves copy on one save thread (in order)."""
+    """CPU caches: loads copy on the load thread; saves copy on one save thread (in order) --
+    the layer of a host load overlaps the compute of the layer before.
+
+    ``inline``: a load's copies run on the engine thread instead, in ``start_load_kv``, and
+    the load thread only completes it. For an engine whose OpenMP runtime keeps spinning on
+    every core between parallel regions (vLLM's CPU backend), where a load thread waited for a
+    core while the engine waited for its copy (vLLM, a 1K-token host hit: TTFT ~200 ms with a
+    load thread, ~10 ms inline). Saves stay on the save thread there: nothing waits for them
+    until ``wait_for_save``, by which time they ran beside the later layers' compute (a 4K-
+    token prefill into never-touched slots: ~45 ms of first-touch page faults inline, none
+    seen by the engine thread from the save thread)."""
 
     def __init__(self, layers: list[np.ndarray], slab: np.ndarray, num_layers: int,
-                 page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor) -> None:
+                 page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor,
+                 inline: bool = False) -> None:
         self._layers, self._slab = layers, slab  # (num_blocks, S) per layer; (P, L, S)
         self._L, self._page_bytes = num_layers, page_bytes
         self._copy, self._saver = copy_fn, saver
         self._copies: list[Future[None]] = []
+        self.queue_on_caller = inline
 
     def gate(self) -> None:
         return None
@@ -267,15 +280,17 @@ class CudaTransfer(LayerTransfer):
 
 
 def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,
-                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor) -> LayerTransfer:
+                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor, *,
+                  cpu_inline: bool = False) -> LayerTransfer:
     """The transfer for the engine's cache: ``tensors_by_layer`` are ``(num_blocks, S)`` uint8
     views of each layer (CPU or one GPU); ``host_slab`` the staging tier's ``(P, page_bytes)``
-    slab (pinned for a CUDA cache)."""
+    slab (pinned for a CUDA cache). ``cpu_inline``: a CPU cache's loads copy on the engine
+    thread (see :class:`CpuTransfer`)."""
     if tensors_by_layer[0].device.type == "cuda":
         return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes)
     layers = [t.numpy() for t in tensors_by_layer]
     slab = host_slab.numpy().reshape(host_slab.shape[0], num_layers, -1)
-    return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver)
+    return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver, inline=cpu_inline)
 
 
 __all__ = ["CpuTransfer", "CudaTransfer", "LayerTransfer", "SaveBuffer", "make_transfer"]

@@ -12,10 +12,14 @@ path; nothing here touches a tier.
 
 Scheduler side (vLLM's scheduler thread; never waits for a copy)::
 
-    get_num_new_matched_tokens(request, n_local)  -> (tokens to load, load_async)
+    get_num_new_matched_tokens(request, n_local)  -> (tokens to load, load_async), or
+        (None, False) while the lookup of a tier below host is in flight (vLLM asks again
+        in a later step; the lookup never waits on disk or Redis)
         keys of request.all_token_ids in the request's namespace (below); a match from the host
-        tier loads synchronously in the next step, one from disk or Redis asynchronously
-        (vLLM parks the request until get_finished reports it in ``recving``)
+        tier loads synchronously in the next step; one from disk or Redis asynchronously
+        (vLLM parks the request until get_finished reports it in ``recving``) -- except on
+        vLLM's CPU backend, where it loads synchronously too, its prefetch waited for on vLLM's
+        thread: see :class:`connector.vllm_engine.EngineState` (``cpu_inline``) for why
     update_state_after_alloc(request, blocks, n)  -- every scheduled request; n > 0 hands the
         blocks after the local prefix (blocks[n_local/B : (n_local+n)/B]) to the match
     build_connector_meta(scheduler_output)       -- per scheduled request, the blocks that become
@@ -45,12 +49,29 @@ tenant salt of the config combined with the request's ``cache_salt`` -- two salt
 page. Requests with multimodal inputs or prompt embeddings are skipped (no load, no save) and
 counted in :attr:`KVStoreVLLMStats.skipped_requests`.
 
-Configuration (``kv_connector_extra_config``): ``config_file`` -- a kvstore TOML/YAML file;
-any top-level field of :class:`~kvstore.config.KVStoreConfig` inline (``tiers``, ``store``,
-``connector``, ``security``, ``tenant_salt``, ``model_id``), overriding the file. The layout is
-vLLM's (it needs no configuring). The store lives in vLLM's engine process, shared by the
-scheduler side and the worker side (both run there when tensor and pipeline parallelism are 1;
-otherwise use the daemon).
+Configuration (``kv_connector_extra_config``, read by :mod:`connector.vllm_engine`):
+
+* in-process -- ``config_file`` (a kvstore TOML/YAML file) and any top-level field of
+  :class:`~kvstore.config.KVStoreConfig` inline (``tiers``, ``store``, ``connector``,
+  ``security``, ``tenant_salt``, ``model_id``), overriding the file. The store lives in vLLM's
+  engine process, shared by the scheduler side and the worker side;
+* daemon -- ``daemon: "unix:///path/kvstore.sock"`` (or ``"host:port"`` and ``token``): the
+  tiers are a ``kvstore serve`` sidecar's, shared by every engine of the node and outliving
+  them; ``connector``, ``security``, ``tenant_salt``, ``model_id`` still apply here (``tiers``
+  and ``store`` are refused: they are the daemon's). The daemon's ``[layout]`` must be this
+  engine's (``block_format = "vllm-cpu"`` and vLLM's shape), else the engine refuses to start
+  with both layouts named. Each request's namespace (below) is named on every daemon call;
+  the daemon keeps tenants apart and enforces its per-namespace quota. If the daemon goes
+  down, vLLM recomputes (lookups miss, saves drop, each failed call counted) and the client
+  reconnects when it is back.
+
+The layout is vLLM's (it needs no configuring). Both sides run in vLLM's engine process, so
+tensor and pipeline parallelism must be 1 (several such engines may share one daemon).
+
+Stats: :meth:`KVStoreConnector.get_kv_connector_stats` hands vLLM each side's counters (hits by
+tier, misses, pending lookups, blocks loaded and saved, load errors by reason, daemon failures);
+vLLM's stat logger logs them ("KV Transfer metrics") and its Prometheus logger exports them as
+``vllm:kvstore_*_total`` (:data:`PROM_COUNTERS`). :func:`engine_stats` gives the totals.
 
 ``kv_load_failure_policy`` must be ``"recompute"``: a page that fails its check is a miss, and
 vLLM recomputes those tokens; with ``"fail"`` vLLM would fail the request instead.
@@ -59,9 +80,6 @@ vLLM recomputes those tokens; with ``"fail"`` vLLM would fail the request instea
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,15 +90,26 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from connector.base import ConnectorMetadata, ConnectorStats, KVCacheSpec, LoadSpec, SaveSpec
-from connector.build import build_connector
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+
+from connector.base import ConnectorMetadata, KVCacheSpec, LoadSpec, SaveSpec
 from connector.inprocess import InProcessScheduler
-from kvstore.build import build_store
-from kvstore.config import KVStoreConfig, load_config
+from connector.vllm_engine import (
+    EngineState,
+    KVStoreVLLMStats,
+    attach,
+    daemon_target,
+    detach,
+    engine_stats,
+    engine_store,
+    load_kvstore_config,
+)
 from kvstore.errors import ConfigError, InvalidArgument
 from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -89,6 +118,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import PromMetric, PromMetricT
 
 log = logging.getLogger("kvstore.vllm")
 
@@ -97,9 +127,6 @@ log = logging.getLogger("kvstore.vllm")
 BLOCK_FORMATS: dict[str, Any] = {
     "vllm-cpu": lambda h, b, d: (h, b, 2 * d),
 }
-#: ``kv_connector_extra_config`` keys that are not kvstore configuration fields.
-_OWN_KEYS = frozenset({"config_file"})
-_INLINE_KEYS = frozenset({"tiers", "store", "connector", "security", "tenant_salt", "model_id"})
 
 
 def layout_for(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple[KVLayout, list[str]]:
@@ -134,105 +161,6 @@ def layout_for(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple
         raise ConfigError(f"vLLM's KV cache cannot be described as pages: {exc.message}",
                           hint=exc.hint) from None
     return layout, list(groups[0].layer_names)
-
-
-def load_kvstore_config(extra: Mapping[str, Any], layout: KVLayout, model_id: str) -> KVStoreConfig:
-    """The kvstore configuration given in ``kv_connector_extra_config``: ``config_file`` and
-    inline fields; the layout is vLLM's, the model id vLLM's unless the config names one."""
-    if "daemon" in extra:
-        raise ConfigError(
-            "kv_connector_extra_config.daemon: the vLLM connector does not run over the sidecar "
-            "daemon yet (a daemon session leases pages under one namespace, and each vLLM "
-            "request has its own: cache_salt, LoRA)",
-            hint="configure the tiers in-process (config_file or inline tiers)")
-    unknown = set(extra) - _OWN_KEYS - _INLINE_KEYS
-    if unknown:
-        raise ConfigError(
-            f"unknown kv_connector_extra_config key(s) {sorted(unknown)}",
-            hint=f"use {sorted(_OWN_KEYS | _INLINE_KEYS)}")
-    inline = {k: v for k, v in extra.items() if k in _INLINE_KEYS}
-    layout_cfg = {
-        "num_layers": layout.num_layers, "num_kv_heads": layout.num_kv_heads,
-        "head_dim": layout.head_dim, "block_size": layout.block_size, "dtype": layout.dtype,
-        "block_format": layout.block_format,
-    }
-    cfg = load_config(extra.get("config_file"), overrides={**inline, "layout": layout_cfg})
-    if "model_id" not in cfg.model_fields_set:
-        cfg = cfg.model_copy(update={"model_id": model_id})
-    return cfg
-
-
-@dataclass(frozen=True, slots=True)
-class KVStoreVLLMStats:
-    """What the connector did in this engine: ``matched_tokens`` offered to vLLM (by the tier
-    they were found in), ``skipped_requests`` by reason (``multimodal``, ``prompt_embeds``), and
-    the worker's :class:`ConnectorStats` (None before the worker side registered)."""
-
-    matched_tokens: dict[str, int]
-    skipped_requests: dict[str, int]
-    worker: ConnectorStats | None
-
-
-class _Engine:
-    """What one vLLM engine's two connector sides share in its process: the store, the
-    worker-side connector, the counters. Opened by the first side, closed by the last."""
-
-    def __init__(self, cfg: KVStoreConfig, store: TieredStore, num_blocks: int) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.num_blocks = num_blocks
-        _, self.worker = build_connector(cfg, store, num_blocks=num_blocks)
-        self.delayed: set[str] = set()  # requests whose blocks vLLM keeps until we say
-        self.matched: Counter[str] = Counter()
-        self.skipped: Counter[str] = Counter()
-        self.users = 0
-
-    def stats(self) -> KVStoreVLLMStats:
-        return KVStoreVLLMStats(dict(self.matched), dict(self.skipped), self.worker.stats())
-
-
-_ENGINES: dict[str, _Engine] = {}
-_ENGINES_LOCK = threading.Lock()
-
-
-def _attach(engine_id: str, make: Any) -> _Engine:
-    with _ENGINES_LOCK:
-        eng = _ENGINES.get(engine_id)
-        if eng is None:
-            eng = _ENGINES[engine_id] = make()
-        eng.users += 1
-        return eng
-
-
-def _detach(engine_id: str) -> None:
-    with _ENGINES_LOCK:
-        eng = _ENGINES.get(engine_id)
-        if eng is None:
-            return
-        eng.users -= 1
-        if eng.users > 0:
-            return
-        del _ENGINES[engine_id]
-    eng.worker.close()
-    eng.store.drain()
-    eng.store.close()
-
-
-def engine_store(engine_id: str) -> TieredStore:
-    """The store of the vLLM engine ``engine_id`` (its ``kv_transfer_config.engine_id``) in this
-    process, for admin tools and tests. Raises InvalidArgument when there is none."""
-    eng = _ENGINES.get(engine_id)
-    if eng is None:
-        raise InvalidArgument(f"no kvstore connector for vLLM engine {engine_id!r} in this process")
-    return eng.store
-
-
-def engine_stats(engine_id: str) -> KVStoreVLLMStats:
-    """The connector's counters for the vLLM engine ``engine_id`` in this process."""
-    eng = _ENGINES.get(engine_id)
-    if eng is None:
-        raise InvalidArgument(f"no kvstore connector for vLLM engine {engine_id!r} in this process")
-    return eng.stats()
 
 
 @dataclass(eq=False)
@@ -275,9 +203,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         par = vllm_config.parallel_config
         if par.world_size > 1:
             raise ConfigError(
-                f"the in-process kvstore connector runs in vLLM's engine process; this engine "
-                f"has {par.world_size} workers (tensor x pipeline parallel)",
-                hint="run tensor_parallel_size=1 and pipeline_parallel_size=1")
+                f"kvstore's vLLM connector runs its two sides in vLLM's engine process; this "
+                f"engine has {par.world_size} workers (tensor x pipeline parallel), whose KV "
+                "heads are sharded across processes",
+                hint="run tensor_parallel_size=1 and pipeline_parallel_size=1; several such "
+                "engines on a node share one kvstore daemon (kv_connector_extra_config.daemon)")
         self._layout, self._layer_names = layout_for(vllm_config, kv_cache_config)
         self._layer_index = {n: i for i, n in enumerate(self._layer_names)}
         self._block_size = self._layout.block_size
@@ -289,12 +219,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._tenant_salt = cfg.tenant_salt
         self._engine_id = str(tcfg.engine_id)
         num_blocks = int(kv_cache_config.num_blocks)
-        self._engine = _attach(self._engine_id, lambda: _Engine(cfg, build_store(cfg), num_blocks))
+        daemon = daemon_target(extra)
+        self._engine = attach(self._engine_id,
+                              lambda: EngineState(cfg, self._layout, num_blocks, daemon))
         self._closed = False
+        self._reported: dict[str, int] = {}  # counters as of the last get_kv_connector_stats
         # scheduler side
         self._scheds: dict[bytes, InProcessScheduler] = {}
         self._reqs: dict[str, _Req] = {}
-        self._host = self._engine.worker._host_name
+        self._host = self._engine.host
 
     # ================================================================ scheduler side
 
@@ -313,7 +246,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         sched = self._scheds.get(ns.id)
         if sched is None:
             sched = self._scheds[ns.id] = InProcessScheduler(
-                self._engine.store, ns, num_blocks=self._engine.num_blocks, host_tier=self._host)
+                self._engine.store_for(ns.id), ns,  # type: ignore[arg-type]
+                num_blocks=self._engine.num_blocks, host_tier=self._host,
+                async_below_host=not self._engine.cpu_inline)
         return sched
 
     def _skip_reason(self, request: Request) -> str | None:
@@ -342,10 +277,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         if st is None or num_computed_tokens % B:
             return 0, False
         st.num_local = num_computed_tokens
-        m = st.sched.get_num_new_matched_tokens(
-            request.request_id, request.all_token_ids, num_computed_tokens)
+        tokens = request.all_token_ids
+        m = st.sched.get_num_new_matched_tokens(request.request_id, tokens, num_computed_tokens)
+        eng = self._engine
+        if m.num_tokens is None:  # a lookup below host is in flight: vLLM asks again
+            eng.pending += 1
+            return None, False
         for t in m.tiers:
-            self._engine.matched[t] += B
+            eng.matched[t] += B
+        eng.missed += max(0, (len(tokens) - 1) // B * B - num_computed_tokens - m.num_tokens)
         st.load_async = m.load_async
         return m.num_tokens, m.load_async
 
@@ -403,7 +343,9 @@ class KVStoreConnector(KVConnectorBase_V1):
     def _plan_saves(self, st: _Req, num_computed: int, num_scheduled: int) -> None:
         """Hand the blocks that are full once this step ran to the scheduler's saves."""
         B = self._block_size
-        if st.saved is None:  # blocks vLLM had or loaded when first scheduled are not saved
+        if st.saved is None or num_computed < st.saved * B:
+            # first scheduled: the blocks vLLM had or loaded are not saved; or vLLM recomputes
+            # blocks it had counted (a synchronous load of them failed): they are saved anew
             st.saved = num_computed // B
         tokens = st.request.all_token_ids
         full = min(num_computed + num_scheduled, len(tokens), len(st.block_ids) * B) // B
@@ -505,6 +447,31 @@ class KVStoreConnector(KVConnectorBase_V1):
     def stats(self) -> KVStoreVLLMStats:
         return self._engine.stats()
 
+    # ================================================================ vLLM's stats
+
+    def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
+        """This side's counters since the last call (scheduler side: hits by tier, misses,
+        pending lookups, skipped requests; worker side: blocks loaded and saved, load errors by
+        reason, daemon failures), or None when nothing changed. vLLM calls it on each side
+        every step and hands the sum to its stat loggers and Prometheus."""
+        now = self._engine.stats().counters(
+            "scheduler" if self._role == KVConnectorRole.SCHEDULER else "worker")
+        delta = {k: v - self._reported.get(k, 0) for k, v in now.items()
+                 if v != self._reported.get(k, 0)}
+        self._reported = now
+        return KVStoreConnectorStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVStoreConnectorStats:
+        return KVStoreConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig,
+                           metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVStorePromMetrics:
+        return KVStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self) -> None:
         if self._closed:
             return
@@ -512,13 +479,74 @@ class KVStoreConnector(KVConnectorBase_V1):
         for sched in self._scheds.values():
             sched.close()
         self._scheds.clear()
-        _detach(self._engine_id)
+        detach(self._engine_id)
+
+
+@dataclass
+class KVStoreConnectorStats(KVConnectorStats):
+    """Counter increments, ``{"name": n}`` or ``{"name:label": n}`` (names and labels as in
+    :meth:`KVStoreVLLMStats.counters`); sums when aggregated."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVStoreConnectorStats:
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(sorted(self.data.items()))
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+#: Prometheus counters (``vllm:kvstore_<name>_total``): name -> (label, help).
+PROM_COUNTERS: dict[str, tuple[str | None, str]] = {
+    "hit_tokens": ("tier", "Prompt tokens kvstore offered to load, by the tier holding them."),
+    "miss_tokens": (None, "Prompt tokens past vLLM's prefix cache that kvstore did not hold."),
+    "pending_lookups": (None, "Lookups answered 'not yet' (a tier below host still reading)."),
+    "skipped_requests": ("reason", "Requests kvstore does not cache, by reason."),
+    "loaded_blocks": (None, "Blocks loaded into vLLM's KV cache by kvstore."),
+    "saved_blocks": (None, "Blocks saved by kvstore."),
+    "abandoned_saves": (None, "Saves kvstore dropped (no room, or the step ended early)."),
+    "load_errors": ("reason", "Blocks kvstore failed to load (vLLM recomputed them), by reason."),
+    "daemon_failures": ("call", "Calls to the kvstore daemon that did not reach it, by call."),
+}
+
+
+class KVStorePromMetrics(KVConnectorPromMetrics):
+    """:data:`PROM_COUNTERS`, fed from :class:`KVStoreConnectorStats` by vLLM's Prometheus
+    logger (one child per engine and label value)."""
+
+    def __init__(self, vllm_config: VllmConfig,
+                 metric_types: dict[type[PromMetric], type[PromMetricT]],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._families: dict[str, Any] = {
+            name: self._counter_cls(name=f"vllm:kvstore_{name}_total", documentation=doc,
+                                    labelnames=self._labelnames + ([label] if label else []))
+            for name, (label, doc) in PROM_COUNTERS.items()
+        }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        engine_labels = self.per_engine_labelvalues[engine_idx]
+        for key, value in transfer_stats_data.items():
+            name, _, label = key.partition(":")
+            family = self._families.get(name)
+            if family is None or not value:
+                continue  # a counter this version does not export
+            family.labels(*engine_labels, *([label] if label else [])).inc(value)
 
 
 __all__ = [
     "BLOCK_FORMATS",
+    "PROM_COUNTERS",
     "KVStoreConnector",
     "KVStoreConnectorMetadata",
+    "KVStoreConnectorStats",
+    "KVStorePromMetrics",
     "KVStoreVLLMStats",
     "engine_stats",
     "engine_store",

@@ -500,16 +500,11 @@ def _daemon_connector(target: str, token: str | None, namespace: Namespace, num_
                       device: str | torch.device, prefetch_policy: str,
                       prefetch_timeout_s: float, layerwise: bool) -> tuple[Any, Any, Any]:
     """A :class:`DaemonStore` at ``target`` and the in-process connector's two sides over it."""
-    from connector.daemon import DaemonStore
+    from connector.build import connect_daemon
 
-    remote = DaemonStore(target, namespace.id, token=token)
+    remote = connect_daemon(target, namespace.layout, token=token, namespace_id=namespace.id,
+                            cuda=torch.device(device).type == "cuda")
     try:
-        if remote.layout != namespace.layout:
-            raise InvalidArgument(
-                f"the daemon stores pages of {remote.layout}; this model's are {namespace.layout}",
-                hint="start the daemon with this model's [layout]")
-        if torch.device(device).type == "cuda":
-            remote.register_for_dma()
         staging = remote.staging_tier().name
         return (remote,
                 InProcessScheduler(remote, namespace, num_blocks=num_blocks,  # type: ignore[arg-type]

@@ -18,6 +18,14 @@ a save is refused -- the engine recomputes -- and each failure is counted
 (``kvstore_daemon_client_failures_total{call}``, :attr:`DaemonStore.failures`). The client
 reconnects on a later call (at most every ``reconnect_interval_s``) once it holds no open handle,
 mapping the restarted daemon's new segment at the old address (see :mod:`.shm`).
+
+Namespaces: one client serves any number of namespaces over its one session (an engine whose
+requests carry their own tenant salt, LoRA or cache salt). Calls that create or use a handle name
+their namespace (``prepare_load``, ``complete_load``) or derive it (``prepare_store`` and its
+handle from the blocks; ``release``/``narrow`` from the lookup that granted the lease); a lookup
+names it with ``namespace_id=`` or through a one-namespace view (:meth:`DaemonStore.scoped`),
+which is what a per-namespace scheduler is given. ``namespace_id`` at construction is only the
+default of calls that name none.
 """
 
 from __future__ import annotations
@@ -111,17 +119,18 @@ class RemoteTier:
 
 class DaemonStore:
     """A connection to ``kvstore serve`` at ``target`` (``unix:///path/kvstore.sock``, or
-    ``host:port`` for TCP with ``token``). ``namespace_id``: the namespace of calls that do not
-    carry one (lookup, contains, delete). ``timeout_s``: the deadline of each call;
-    ``prefetch_timeout_s`` of a prefetch. Raises DaemonUnavailable when the first connection
-    fails (a later outage only degrades, see the module docstring)."""
+    ``host:port`` for TCP with ``token``). ``namespace_id``: the default namespace of calls that
+    name none (lookup, delete, read_pages, watch); None: such calls must name one (see the
+    module docstring). ``timeout_s``: the deadline of each call; ``prefetch_timeout_s`` of a
+    prefetch. Raises DaemonUnavailable when the first connection fails (a later outage only
+    degrades, see the module docstring)."""
 
-    def __init__(self, target: str, namespace_id: bytes, *, token: str | None = None,
+    def __init__(self, target: str, namespace_id: bytes | None = None, *, token: str | None = None,
                  timeout_s: float = 5.0, prefetch_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, reconnect_interval_s: float = 0.5,
                  max_message_bytes: int = 64 << 20, metrics: Metrics | None = None) -> None:
-        if not isinstance(namespace_id, bytes) or len(namespace_id) != 16:
-            raise InvalidArgument("namespace_id must be 16 bytes", hint="pass Namespace.id")
+        if namespace_id is not None:
+            _check_ns(namespace_id)
         self.target = target[len("tcp://"):] if target.startswith("tcp://") else target
         self.namespace_id = namespace_id
         self.timeout_s, self.prefetch_timeout_s = timeout_s, prefetch_timeout_s
@@ -142,7 +151,7 @@ class DaemonStore:
         self.owner = next(_owners)
         self._lock = threading.Lock()
         self._open: set[int] = set()  # handle ids issued and not yet completed/aborted
-        self._leases: set[int] = set()
+        self._lease_ns: dict[int, bytes] = {}  # lease id -> the namespace that was granted it
         self._bandwidth: dict[str, float] = {}
         self._session_id = ""
         self._connected = False
@@ -312,13 +321,28 @@ class DaemonStore:
         self.tier(tier_name)
         return self._bandwidth.get(tier_name) or None
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
-               local_only: bool = False, namespace_id: bytes | None = None) -> LookupResult:
-        """As :meth:`TieredStore.lookup`, under ``namespace_id`` (default: this client's); a
-        miss when the daemon is down. The daemon counts it for the namespace."""
+    def _ns(self, namespace_id: bytes | None) -> bytes:
+        """``namespace_id``, else the default one; InvalidArgument when there is neither."""
+        if namespace_id is not None:
+            return _check_ns(namespace_id)
+        if self.namespace_id is None:
+            raise InvalidArgument(
+                "this DaemonStore has no default namespace and the call names none",
+                hint="pass namespace_id=, or use DaemonStore.scoped(namespace_id)")
+        return self.namespace_id
+
+    def scoped(self, namespace_id: bytes) -> DaemonNamespace:
+        """A view of this client whose lookups (and deletes) are under ``namespace_id``; it
+        shares the connection, the session and the slab mapping."""
+        return DaemonNamespace(self, _check_ns(namespace_id))
+
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, local_only: bool = False,
+               namespace_id: bytes | None = None) -> LookupResult:
+        """As :meth:`TieredStore.lookup`, under ``namespace_id`` (default: the client's); a
+        miss when the daemon is down. A granted lease remembers its namespace."""
         check_keys(keys)
-        req = pb.LookupRequest(session_id=self._session_id,
-                               namespace_id=namespace_id or self.namespace_id,
+        ns = self._ns(namespace_id)
+        req = pb.LookupRequest(session_id=self._session_id, namespace_id=ns,
                                keys=pack_keys(keys), lease=lease, local_only=local_only)
         try:
             r = self._call("Lookup", req)
@@ -331,6 +355,8 @@ class DaemonStore:
         if r.lease_id:
             granted = Lease(r.lease_id, tuple(keys[: r.num_blocks]),
                             time.monotonic() + r.lease_ttl_s, self.owner)
+            with self._lock:
+                self._lease_ns[r.lease_id] = ns
         tiers = tuple(itertools.chain.from_iterable(
             itertools.repeat(run.tier, run.blocks) for run in r.runs))
         return LookupResult(r.num_blocks, tiers, granted)
@@ -338,7 +364,17 @@ class DaemonStore:
     def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False,
                      namespace_id: bytes | None = None) -> Future[LookupResult]:
         """:meth:`lookup` of every tier of the daemon's store, on a thread of this client."""
-        return self._pool.submit(self.lookup, list(keys), lease=lease, namespace_id=namespace_id)
+        ns = self._ns(namespace_id)
+        return self._pool.submit(self.lookup, list(keys), lease=lease, namespace_id=ns)
+
+    def _take_lease(self, lease: Lease) -> bytes:
+        """The namespace ``lease`` was granted under (forgotten: the lease is being used up)."""
+        with self._lock:
+            ns = self._lease_ns.pop(lease.id, None)
+        if ns is None:
+            raise LeaseError(f"lease {lease.id} is not one this client holds",
+                             hint="a lease is released, narrowed or loaded once")
+        return ns
 
     def count_declined(self, namespace_id: bytes, num_blocks: int) -> None:
         """As :meth:`TieredStore.count_declined`, in this process's :attr:`namespace_counts`
@@ -352,29 +388,33 @@ class DaemonStore:
         return self._remote_tiers
 
     def release(self, lease: Lease) -> None:
+        ns = self._take_lease(lease)
         try:
             self._call("Release", pb.LeaseRequest(session_id=self._session_id,
-                                                  namespace_id=self.namespace_id, lease_id=lease.id))
+                                                  namespace_id=ns, lease_id=lease.id))
         except DaemonUnavailable:
             self._failed("release")  # the daemon frees the session's leases itself
 
     def narrow(self, lease: Lease, n: int) -> Lease:
-        req = pb.LeaseRequest(session_id=self._session_id, namespace_id=self.namespace_id,
+        ns = self._take_lease(lease)
+        req = pb.LeaseRequest(session_id=self._session_id, namespace_id=ns,
                               lease_id=lease.id, keep=n)
         try:
             r = self._call("Narrow", req)
         except DaemonUnavailable:
             self._failed("narrow")
             raise LeaseError("daemon unreachable: the lease is gone with its session") from None
+        with self._lock:
+            self._lease_ns[r.lease_id] = ns
         return Lease(r.lease_id, lease.keys[:n], time.monotonic() + r.lease_ttl_s, self.owner)
 
     def _contains(self, tier: str, keys: Sequence[bytes]) -> tuple[list[bool], int]:
         keys = list(keys)
         if not keys:
             return [], 0
+        # presence only: no namespace named (keys are namespaced by construction)
         try:
-            r = self._call("Contains", pb.ContainsRequest(namespace_id=self.namespace_id,
-                                                          tier=tier, keys=keys))
+            r = self._call("Contains", pb.ContainsRequest(tier=tier, keys=keys))
         except DaemonUnavailable:
             self._failed("contains")
             return [False] * len(keys), 0
@@ -383,6 +423,13 @@ class DaemonStore:
     def prepare_load(self, namespace_id: bytes, keys: Sequence[bytes], *,
                      lease: Lease | None = None, tier: str | None = None) -> LoadHandle:
         keys = list(keys)
+        if lease is not None:
+            with self._lock:
+                lease_ns = self._lease_ns.get(lease.id)
+            if lease_ns is not None and lease_ns != namespace_id:
+                raise InvalidArgument(f"lease {lease.id} belongs to another namespace",
+                                      hint="load under the namespace of the lookup")
+            self._take_lease(lease)  # the handle takes the lease over
         req = pb.PrepareLoadRequest(session_id=self._session_id, namespace_id=namespace_id,
                                     keys=keys, lease_id=lease.id if lease else 0, tier=tier or "")
         try:
@@ -416,7 +463,7 @@ class DaemonStore:
         ns = {m.namespace_id for m in metas}
         if len(ns) > 1:
             raise InvalidArgument("one prepare_store call takes blocks of one namespace")
-        nsid = ns.pop() if ns else self.namespace_id
+        nsid = ns.pop() if ns else self._ns(None)
         blocks = [pb.Block(key=m.key, parent=m.parent, token_ids=m.token_ids) for m in metas]
         req = pb.PrepareStoreRequest(session_id=self._session_id, namespace_id=nsid,
                                      blocks=blocks, tier=tier or "")
@@ -459,7 +506,7 @@ class DaemonStore:
             self._failed("abort")  # the daemon aborts the session's handles itself
 
     def _ns_of(self, handle: StoreHandle) -> bytes:
-        return handle.metas[0].namespace_id if handle.metas else self.namespace_id
+        return handle.metas[0].namespace_id if handle.metas else self._ns(None)
 
     def prefetch(self, namespace_id: bytes, keys: Sequence[bytes], *,
                  to: str | None = None) -> Future[int]:
@@ -476,8 +523,9 @@ class DaemonStore:
 
         return self._pool.submit(run)
 
-    def delete(self, keys: Sequence[bytes]) -> int:
-        r = self._call("Delete", pb.DeleteRequest(namespace_id=self.namespace_id, keys=list(keys)))
+    def delete(self, keys: Sequence[bytes], *, namespace_id: bytes | None = None) -> int:
+        r = self._call("Delete", pb.DeleteRequest(namespace_id=self._ns(namespace_id),
+                                                  keys=list(keys)))
         return int(r.deleted)
 
     def stats(self, *, check_integrity: bool = False) -> DaemonStats:
@@ -496,7 +544,7 @@ class DaemonStore:
         wire (the cross-node path) into ``out`` (``(len(keys), page_bytes)`` uint8). Returns how
         many leading pages arrived."""
         stub = self._ensure()
-        req = pb.ReadPagesRequest(namespace_id=self.namespace_id, keys=list(keys))
+        req = pb.ReadPagesRequest(namespace_id=self._ns(None), keys=list(keys))
         n = 0
         try:
             for page in stub.ReadPages(req, timeout=self.prefetch_timeout_s, metadata=self._md):
@@ -526,7 +574,7 @@ class DaemonStore:
         """Cache events of a namespace as ``(kind, tier, keys)``, kind ``stored``/``removed``,
         until the daemon stops (cancel by closing the generator)."""
         stub = self._ensure()
-        call = stub.WatchEvents(pb.WatchRequest(namespace_id=namespace_id or self.namespace_id),
+        call = stub.WatchEvents(pb.WatchRequest(namespace_id=self._ns(namespace_id)),
                                 metadata=self._md)
         try:
             for ev in call:
@@ -589,4 +637,40 @@ class DaemonStore:
         self.close()
 
 
-__all__ = ["DaemonStats", "DaemonStore", "DaemonTierStats", "RemoteTier"]
+class DaemonNamespace:
+    """One namespace's view of a :class:`DaemonStore` (see :meth:`DaemonStore.scoped`): its
+    ``lookup``, ``lookup_async`` and ``delete`` are under ``namespace_id``; every other
+    attribute is the client's, so it stands wherever the client does (a per-namespace
+    :class:`~connector.inprocess.InProcessScheduler`). Closing it is a no-op: the client owns
+    the connection."""
+
+    def __init__(self, client: DaemonStore, namespace_id: bytes) -> None:
+        self.client = client
+        self.namespace_id = namespace_id
+
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
+               local_only: bool = False) -> LookupResult:
+        return self.client.lookup(keys, lease=lease, local_only=local_only,
+                                  namespace_id=self.namespace_id)
+
+    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False) -> Future[LookupResult]:
+        return self.client.lookup_async(keys, lease=lease, namespace_id=self.namespace_id)
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        return self.client.delete(keys, namespace_id=self.namespace_id)
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def _check_ns(namespace_id: object) -> bytes:
+    if not isinstance(namespace_id, bytes) or len(namespace_id) != 16:
+        raise InvalidArgument(f"namespace_id must be 16 bytes, got {namespace_id!r}",
+                              hint="pass Namespace.id")
+    return namespace_id
+
+
+__all__ = ["DaemonNamespace", "DaemonStats", "DaemonStore", "DaemonTierStats", "RemoteTier"]

@@ -24,7 +24,7 @@ def layout_env(layout: KVLayout) -> dict[str, str]:
     return {f"KVSTORE_LAYOUT__{k.upper()}": str(v) for k, v in (
         ("num_layers", layout.num_layers), ("num_kv_heads", layout.num_kv_heads),
         ("head_dim", layout.head_dim), ("block_size", layout.block_size),
-        ("dtype", layout.dtype))}
+        ("dtype", layout.dtype), ("block_format", layout.block_format))}
 
 
 class DaemonProcess:

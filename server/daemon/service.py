@@ -265,7 +265,10 @@ class DaemonService:
         return narrowed
 
     def contains(self, ns: bytes, tier: str, keys: Sequence[bytes]) -> list[bool]:
-        keys = self._keys(ns, keys)
+        """Which of ``keys`` tier ``tier`` holds. ``ns`` may be empty: presence is told of any
+        key, whoever's (a key is namespaced by construction; knowing it is knowing its
+        namespace), so a client serving many namespaces need not name one."""
+        keys = self._keys(ns or bytes(KEY_BYTES), keys)
         return self.store.tier(tier).contains(keys) if keys else []
 
     # ----------------------------------------------------------------- loads

@@ -38,10 +38,12 @@ class Rig:
     """A store, the two connector sides and an engine-shaped page-first pool."""
 
     def __init__(self, store: TieredStore, ns: Namespace, clock: FakeClock,
-                 copy_fn: Callable[[Spans], None] = copy_spans, per_layer: bool = False) -> None:
+                 copy_fn: Callable[[Spans], None] = copy_spans, per_layer: bool = False,
+                 cpu_inline: bool = False) -> None:
         self.store, self.ns, self.layout = store, ns, store.layout
         self.sched = InProcessScheduler(store, ns, num_blocks=NUM_BLOCKS)
-        self.worker = InProcessWorker(store, clock=clock, copy_fn=copy_fn, load_timeout_s=5.0)
+        self.worker = InProcessWorker(store, clock=clock, copy_fn=copy_fn, load_timeout_s=5.0,
+                                      cpu_inline=cpu_inline)
         self.pool = torch.zeros((NUM_BLOCKS, *self.layout.page_shape), dtype=torch.float16)
         if per_layer:
             self.caches = [torch.zeros((NUM_BLOCKS, *self.layout.page_shape[1:]), dtype=torch.float16)
@@ -182,6 +184,41 @@ def test_layer_zero_ready_before_last_layer(host_store: TieredStore, ns: Namespa
     loader.worker.clear_connector_metadata()
     assert loader.worker.get_block_ids_with_load_errors() == set()
     loader.close()
+
+
+def test_cpu_inline_copies_run_on_the_engine_thread(host_store: TieredStore, ns: Namespace,
+                                                    clock: FakeClock) -> None:
+    """With ``cpu_inline`` a host load runs whole in start_load_kv, on the caller's thread --
+    pinned, copied, completed -- (saves keep the save thread); the bytes round-trip exactly."""
+    threads: list[int] = []
+
+    def recording_copy(spans: Spans) -> None:
+        threads.append(threading.get_ident())
+        copy_spans(spans)
+
+    rig = Rig(host_store, ns, clock, copy_fn=recording_copy, cpu_inline=True)
+    tokens = tokens_for(N, rig.layout.block_size)
+    rig.fill([0, 1, 2, 3], seed=3)
+    rig.save("w", tokens, [0, 1, 2, 3])
+    assert len(threads) == rig.layout.num_layers and threading.get_ident() not in threads
+    rig.wait_sent("w")
+    threads.clear()
+    dst = [4, 5, 6, 7]
+    rig.plan_load("r", tokens, dst)
+    rig.worker.bind_connector_metadata(rig.sched.build_connector_meta())
+    rig.worker.start_load_kv()
+    assert threads == [threading.get_ident()] * rig.layout.num_layers  # before any wait
+    assert rig.worker.stats().blocks_loaded == N  # completed (unpinned) there too
+    assert host_store.stats().active_leases == 0
+    for s, d in zip([0, 1, 2, 3], dst):
+        assert torch.equal(rig.block(d), rig.block(s))
+    for lyr in range(rig.layout.num_layers):
+        rig.worker.wait_for_layer_load(lyr)
+    rig.worker.clear_connector_metadata()
+    rig.worker.wait_for_loads()
+    assert rig.worker.get_block_ids_with_load_errors() == set()
+    assert rig.worker.stats().blocks_loaded == N
+    rig.close()
 
 
 def test_page_deleted_from_host_between_lookup_and_load(host_store: TieredStore, ns: Namespace,

@@ -276,3 +276,27 @@ def test_engine_feeds_prefill_speed_and_declines_slow_loads(
     engine.drain()
     engine.close()
     store.close()
+
+
+def test_synchronous_load_below_host_waits_on_the_engine_thread(setup: Setup) -> None:
+    """``async_below_host=False`` with ``cpu_inline`` (vLLM's CPU backend): a match reaching
+    disk is planned synchronous, and start_load_kv itself prefetches it into host and copies
+    every block before it returns -- no load thread, nothing reported in ``recving``."""
+    s = setup
+    rig = Rig(s.store, s.ns, s.clock, cpu_inline=True)
+    rig.sched = InProcessScheduler(s.store, s.ns, num_blocks=rig.sched.num_blocks,
+                                   async_below_host=False)
+    dst = [8, 9, 10, 11]
+    assert rig.plan_load("r", s.tokens, dst) == (N * s.layout.block_size, False)
+    rig.worker.bind_connector_metadata(rig.sched.build_connector_meta())
+    rig.worker.start_load_kv()
+    for src, d in zip(s.src, dst):  # every block in place before any wait_for_layer_load
+        assert torch.equal(rig.block(d), s.rig.block(src))
+    for lyr in range(s.layout.num_layers):
+        rig.worker.wait_for_layer_load(lyr)
+    rig.worker.clear_connector_metadata()
+    rig.worker.wait_for_loads()
+    assert rig.worker.get_block_ids_with_load_errors() == set()
+    assert rig.worker.get_finished([]).recving == frozenset()
+    assert s.store.tier("host").count_leading(s.keys) == N  # prefetched into host
+    rig.worker.close()

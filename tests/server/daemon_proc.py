@@ -20,9 +20,12 @@ TINY_LAYOUT = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "block_size":
 
 
 def write_config(directory: Path, *, host: str = "1MiB", disk: str | None = "4MiB",
-                 extra_daemon: str = "", write_policy: str = "write_through") -> Path:
+                 extra_daemon: str = "", write_policy: str = "write_through",
+                 layout: dict[str, object] | None = None) -> Path:
+    """A daemon config in ``directory``; ``layout``: the ``[layout]`` fields (TINY_LAYOUT)."""
     lines = ['model_id = "test"', "", "[layout]"]
-    lines += [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in TINY_LAYOUT.items()]
+    lines += [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}"
+              for k, v in (layout or TINY_LAYOUT).items()]
     lines += ["", "[store]", f'write_policy = "{write_policy}"', "", "[daemon]",
               f'data_dir = "{directory}"', f'socket = "{directory}/kvstore.sock"', extra_daemon,
               "", "[[tiers]]", 'kind = "host"', f'capacity = "{host}"']

@@ -41,6 +41,17 @@ def test_connector_does_not_import_server_or_runtime() -> None:
     assert bad == {}
 
 
+def test_only_the_vllm_plugin_imports_vllm() -> None:
+    """vLLM is an optional extra: one module adapts to it, nothing else may need it."""
+    importers = {
+        str(p.relative_to(ROOT))
+        for d in ("kvstore", "connector", "runtime", "server")
+        for p in (ROOT / d).rglob("*.py")
+        if "vllm" in _imports(p)
+    }
+    assert importers == {"connector/vllm.py"}
+
+
 def _module_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names: set[str] = set()

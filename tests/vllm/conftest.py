@@ -18,7 +18,14 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 pytest.importorskip("vllm", reason="vLLM is not installed (KVSTORE_WITH_VLLM=1 scripts/bootstrap.sh)")
 
-from bench.vllm_engines import write_tiny_llama  # noqa: E402
+from bench.vllm_engines import (  # noqa: E402
+    close_llm,
+    generate,
+    make_llm,
+    reset_prefix_cache,
+    write_tiny_llama,
+)
+from tests.vllm.prompts import PROMPTS  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -30,3 +37,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def expected(tiny_llama: str) -> list[list[int]]:
+    """Greedy tokens of vLLM without a connector, each prompt computed from scratch."""
+    llm = make_llm(tiny_llama)
+    try:
+        out = []
+        for p in PROMPTS:
+            reset_prefix_cache(llm)
+            out.append(generate(llm, [p])[0][0])
+        return out
+    finally:
+        close_llm(llm)

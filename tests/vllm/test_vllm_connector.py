@@ -28,26 +28,9 @@ from bench.vllm_engines import (
 )
 from connector.vllm import engine_stats, engine_store
 from kvstore.errors import InvalidArgument
+from tests.vllm.prompts import LOADABLE, PREFIX, PROMPTS
 
-PREFIX = [(7 * i + 3) % 500 + 3 for i in range(10 * BLOCK_SIZE)]  # 10 full blocks
-PROMPTS = [PREFIX + [11 + j, 400 + j, 17] for j in range(3)]
-# what a load can supply: every full block except a prompt's last token's
-LOADABLE = (len(PROMPTS[0]) - 1) // BLOCK_SIZE * BLOCK_SIZE
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def expected(tiny_llama: str) -> list[list[int]]:
-    """Greedy tokens of vLLM without a connector, each prompt computed from scratch."""
-    llm = make_llm(tiny_llama)
-    try:
-        out = []
-        for p in PROMPTS:
-            reset_prefix_cache(llm)
-            out.append(generate(llm, [p])[0][0])
-        return out
-    finally:
-        close_llm(llm)
 
 
 def _host(capacity: str = "64MiB") -> dict[str, Any]:
@@ -107,7 +90,7 @@ def test_prefix_from_disk_and_redis(tiny_llama: str, expected: list[list[int]], 
             assert tokens == expected[0]
             assert cached == LOADABLE
             st = engine_stats(engine_id(llm))
-            assert st.matched_tokens == {lower["kind"]: LOADABLE}  # found below host: async
+            assert st.matched_tokens == {lower["kind"]: LOADABLE}  # found below host
             assert st.worker is not None and st.worker.load_failures == {}
         finally:
             close_llm(llm)
@@ -238,9 +221,69 @@ def test_extra_config_errors_name_the_problem() -> None:
     from kvstore.layout import KVLayout
 
     lay = KVLayout(2, 2, 32, BLOCK_SIZE, "float32", "vllm-cpu")
-    with pytest.raises(ConfigError, match="does not run over the sidecar daemon yet"):
-        load_kvstore_config({"daemon": "unix:///tmp/kvstore.sock"}, lay, "m")
+    with pytest.raises(ConfigError, match=r"\['tiers'\] with daemon='unix:///tmp/k.sock': the "
+                       "daemon's tiers and store are configured in its own config file"):
+        load_kvstore_config({"daemon": "unix:///tmp/k.sock", "tiers": [_host()]}, lay, "m")
+    with pytest.raises(ConfigError, match="daemon must be the daemon's address, got 7"):
+        load_kvstore_config({"daemon": 7}, lay, "m")
+    with pytest.raises(ConfigError, match="token without daemon"):
+        load_kvstore_config({"token": "t"}, lay, "m")
+    cfg = load_kvstore_config({"daemon": "unix:///tmp/k.sock", "token": "t",
+                               "connector": {"prefetch_policy": "best_effort"}}, lay, "m")
+    assert cfg.connector.prefetch_policy == "best_effort"
     with pytest.raises(ConfigError, match=r"unknown kv_connector_extra_config key\(s\) \['tier'\]"):
         load_kvstore_config({"tier": []}, lay, "m")
     cfg = load_kvstore_config({"tiers": [_host()], "tenant_salt": "t"}, lay, "my-model")
     assert (cfg.model_id, cfg.tenant_salt, cfg.layout.build()) == ("my-model", "t", lay)
+
+
+def _metrics(llm: Any) -> dict[str, float]:
+    """vLLM's Prometheus counters ``vllm:kvstore_*``, as ``name`` or ``name{label}``."""
+    from vllm.v1.metrics.reader import Counter
+
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if isinstance(m, Counter) and m.name.startswith("vllm:kvstore_"):
+            extra = [v for k, v in m.labels.items() if k not in ("engine", "model_name")]
+            out[m.name + (f"{{{extra[0]}}}" if extra else "")] = m.value
+    return out
+
+
+def test_pending_redis_lookup_is_asked_again_and_loads(tiny_llama: str, expected: list[list[int]],
+                                                       redis_server: Any) -> None:
+    """A lookup that needs Redis answers "not yet" (None) while the server is stopped; vLLM asks
+    again in later steps, and once Redis answers the prefix loads from it. vLLM's own stats
+    (Prometheus, fed by get_kv_connector_stats) receive the hits, misses and pending lookups."""
+    import threading
+
+    redis = {"kind": "redis", "capacity": "64MiB", "url": redis_server.url,
+             "timeout_s": 30.0}  # a stopped server is waited for, not a miss
+    cfg = {"tiers": [_host(), redis], "store": {"write_policy": "write_through"}}
+    llm = make_llm(tiny_llama, kvstore_transfer_config(cfg), disable_log_stats=False)
+    try:
+        assert generate(llm, [PROMPTS[0]])[0] == (expected[0], 0)
+        _drop_host(llm)
+        reset_prefix_cache(llm)
+        redis_server.pause()  # SIGSTOP: connections stay open, nothing answers
+        resume = threading.Timer(1.5, redis_server.resume)
+        resume.start()
+        try:
+            tokens, cached = generate(llm, [PROMPTS[0]])[0]
+        finally:
+            resume.join()
+        assert (tokens, cached) == (expected[0], LOADABLE)
+        st = engine_stats(engine_id(llm))
+        assert st.pending_lookups >= 1  # answered None at least once, then asked again
+        assert st.matched_tokens == {"redis": LOADABLE}
+        assert st.missed_tokens == LOADABLE  # the first request's
+        assert st.worker is not None and st.worker.load_failures == {}
+        assert st.worker.blocks_loaded == LOADABLE // BLOCK_SIZE
+        m = _metrics(llm)
+        assert m["vllm:kvstore_hit_tokens{redis}"] == LOADABLE
+        assert m["vllm:kvstore_miss_tokens"] == LOADABLE
+        assert m["vllm:kvstore_pending_lookups"] == st.pending_lookups
+        assert m["vllm:kvstore_loaded_blocks"] == LOADABLE // BLOCK_SIZE
+        assert m["vllm:kvstore_saved_blocks"] == st.worker.blocks_saved >= len(PREFIX) // BLOCK_SIZE
+        assert m.get("vllm:kvstore_load_errors{miss}", 0) == 0
+    finally:
+        close_llm(llm)
