@@ -648,13 +648,23 @@ class DaemonNamespace:
         self.client = client
         self.namespace_id = namespace_id
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = False,
-               local_only: bool = False) -> LookupResult:
-        return self.client.lookup(keys, lease=lease, local_only=local_only,
-                                  namespace_id=self.namespace_id)
+    def _own(self, namespace_id: bytes | None) -> bytes:
+        """This view's namespace; a call that names another one is refused (a scheduler of
+        one namespace passes its own, as it does to a store)."""
+        if namespace_id is not None and namespace_id != self.namespace_id:
+            raise InvalidArgument(
+                f"namespace {namespace_id.hex()} asked of the view of {self.namespace_id.hex()}",
+                hint="use DaemonStore.scoped(namespace_id) for another namespace")
+        return self.namespace_id
 
-    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False) -> Future[LookupResult]:
-        return self.client.lookup_async(keys, lease=lease, namespace_id=self.namespace_id)
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = False, local_only: bool = False,
+               namespace_id: bytes | None = None) -> LookupResult:
+        return self.client.lookup(keys, lease=lease, local_only=local_only,
+                                  namespace_id=self._own(namespace_id))
+
+    def lookup_async(self, keys: Sequence[bytes], *, lease: bool = False,
+                     namespace_id: bytes | None = None) -> Future[LookupResult]:
+        return self.client.lookup_async(keys, lease=lease, namespace_id=self._own(namespace_id))
 
     def delete(self, keys: Sequence[bytes]) -> int:
         return self.client.delete(keys, namespace_id=self.namespace_id)

@@ -59,6 +59,12 @@ def test_one_client_many_namespaces(daemon: DaemonProc) -> None:
         # b's pages are not loaded under a's namespace, whatever a lookup says
         assert client.prepare_load(NS_A.id, keys_b).num_blocks == 0
         assert a.lookup_async(keys_a).result(timeout=10).num_blocks == 3
+        # a scheduler of one namespace names its own, as it does to a store; never another's
+        assert a.lookup(keys_a, namespace_id=NS_A.id).num_blocks == 3
+        with pytest.raises(InvalidArgument, match="asked of the view of"):
+            a.lookup(keys_b, namespace_id=NS_B.id)
+        with pytest.raises(InvalidArgument, match="asked of the view of"):
+            a.lookup_async(keys_b, namespace_id=NS_B.id)
         assert b.delete(keys_b) == 6  # host and disk (written through)
         assert (b.lookup(keys_b).num_blocks, a.lookup(keys_a).num_blocks) == (0, 3)
         assert client.stats(check_integrity=True).integrity_error == ""
