@@ -377,10 +377,24 @@ class DaemonStore:
         return ns
 
     def count_declined(self, namespace_id: bytes, num_blocks: int) -> None:
-        """As :meth:`TieredStore.count_declined`, in this process's :attr:`namespace_counts`
-        (the daemon does not hear of a client's load-or-recompute decisions)."""
+        """As :meth:`TieredStore.count_declined`: counted in this process's
+        :attr:`namespace_counts`, and told to the daemon (its stats count it for the
+        namespace) without waiting for the reply: a scheduler thread calls this."""
+        _check_ns(namespace_id)
         if num_blocks:
             self.namespace_counts.add(namespace_id, NamespaceCounts(declined=num_blocks))
+            req = pb.DeclinedRequest(namespace_id=namespace_id, blocks=num_blocks)
+            try:
+                self._pool.submit(self._tell, "CountDeclined", req)
+            except RuntimeError:  # closed meanwhile: counted here only
+                self._failed("CountDeclined")
+
+    def _tell(self, call: str, request: Any) -> None:
+        """A call whose answer nobody waits for (on the client's pool); a failure is counted."""
+        try:
+            self._call(call, request)
+        except KVStoreError:
+            self._failed(call)
 
     @property
     def has_remote_tiers(self) -> bool:

@@ -366,3 +366,11 @@ class WritePage(_message.Message):
     block: Block
     data: bytes
     def __init__(self, namespace_id: _Optional[bytes] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DeclinedRequest(_message.Message):
+    __slots__ = ("namespace_id", "blocks")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    blocks: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., blocks: _Optional[int] = ...) -> None: ...

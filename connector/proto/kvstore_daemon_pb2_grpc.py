@@ -94,6 +94,11 @@ class KVStoreDaemonStub:
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeleteRequest.SerializeToString,
                 response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeleteReply.FromString,
                 _registered_method=True)
+        self.CountDeclined = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/CountDeclined',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeclinedRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/kvstore.daemon.v1.KVStoreDaemon/Stats',
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.StatsRequest.SerializeToString,
@@ -191,6 +196,12 @@ class KVStoreDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountDeclined(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -277,6 +288,11 @@ def add_KVStoreDaemonServicer_to_server(servicer, server):
                     servicer.Delete,
                     request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeleteRequest.FromString,
                     response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeleteReply.SerializeToString,
+            ),
+            'CountDeclined': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountDeclined,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeclinedRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -623,6 +639,33 @@ class KVStoreDaemon:
             '/kvstore.daemon.v1.KVStoreDaemon/Delete',
             connector_dot_proto_dot_kvstore__daemon__pb2.DeleteRequest.SerializeToString,
             connector_dot_proto_dot_kvstore__daemon__pb2.DeleteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountDeclined(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/CountDeclined',
+            connector_dot_proto_dot_kvstore__daemon__pb2.DeclinedRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

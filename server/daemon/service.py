@@ -342,6 +342,11 @@ class DaemonService:
         except FutureTimeout:
             return self.store.tier(to or self.store.tiers[0].name).count_leading(keys)
 
+    def count_declined(self, ns: bytes, blocks: int) -> None:
+        """A client recomputes ``blocks`` matched blocks of ``ns`` instead of loading them."""
+        check_namespace(ns)
+        self.store.count_declined(ns, blocks)
+
     def delete(self, ns: bytes, keys: Sequence[bytes]) -> int:
         keys = self._keys(ns, keys)
         for k in keys:

@@ -163,6 +163,11 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         return pb.DeleteReply(deleted=self.service.delete(request.namespace_id, list(request.keys)))
 
     @_unary
+    def CountDeclined(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.service.count_declined(request.namespace_id, request.blocks)
+        return pb.Empty()
+
+    @_unary
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Any:
         st = self.service.stats(request.check_integrity)
         tiers = [pb.TierStats(name=t.name, kind=t.kind, capacity_pages=t.capacity_pages,

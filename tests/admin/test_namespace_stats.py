@@ -27,6 +27,7 @@ def test_each_namespace_gets_its_own_hits_misses_and_hit_rates(admin_daemon: Adm
         assert sa.lookup(list(ca.keys)).num_blocks == 4  # 4 hit, 2 missed
         assert sa.lookup(list(ca.keys[:4])).num_blocks == 4  # 4 hit
         assert sb.lookup(list(cb.keys)).num_blocks == 2  # 2 hit, 2 missed
+        sb.count_declined(b.id, 2)  # its load-or-recompute recomputes the 2 it matched
         assert sa.read_pages(list(ca.keys), np.empty((6, PAGE), np.uint8)) == 4  # 4 read, 2 not
         with DaemonStore(admin_daemon.target, idle.id) as si:  # looks up, finds nothing
             assert si.lookup(list(idle.chain(list(range(32))).keys)).num_blocks == 0
@@ -41,6 +42,7 @@ def test_each_namespace_gets_its_own_hits_misses_and_hit_rates(admin_daemon: Adm
     assert (rb["lookup_hit_blocks"], rb["lookup_miss_blocks"]) == (2, 2)
     assert rb["hit_rate_1m"] == rb["hit_rate_15m"] == 0.5
     assert (rb["loaded_pages"], rb["load_missed_pages"]) == (0, 0)
+    assert rb["misses"]["declined"] == 2  # told by the client: the daemon counts it too
     # a namespace with lookups and no pages is listed too, after those that hold pages
     assert ri["bytes"] == 0 and ri["pages"] == {} and ri["hit_rate_1m"] == 0.0
     assert (ri["lookup_hit_blocks"], ri["lookup_miss_blocks"]) == (0, 2)

@@ -103,6 +103,8 @@ def test_malformed_requests_get_invalid_argument(guarded, stub) -> None:  # noqa
     d = guarded[0]
     code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=b"abc", keys=b"k" * 16))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "namespace id must be 16 bytes" in msg
+    code, msg = _code(stub.CountDeclined, pb.DeclinedRequest(namespace_id=b"abc", blocks=1))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "namespace id must be 16 bytes" in msg
     code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 33))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a multiple of 16" in msg
     code, msg = _code(stub.Lookup, pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 16 * 65))
