@@ -16,9 +16,11 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TextIO
@@ -71,6 +73,26 @@ def measurement(
     return Measurement(
         bench, case, variant, metric, value, unit, baseline, baseline_value, ratio, machine_slug()
     )
+
+
+def median_time(fn: Callable[[], object], device: Any, runs: int) -> float:
+    """Median seconds of ``runs`` calls of ``fn`` after one warm-up call (kernels, allocator,
+    compiled graphs), CUDA-synchronised around each call when ``device`` is a GPU."""
+    def sync() -> None:
+        if getattr(device, "type", None) == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    fn()
+    times = []
+    for _ in range(runs):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def add_standard_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

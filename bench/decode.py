@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -39,32 +37,19 @@ from bench.common import (
     command_line,
     emit_json,
     measurement,
+    median_time,
     print_table,
     record,
 )
+from bench.ttft import hf_and_ours
 from kvstore import Metrics, Namespace
 from kvstore.tiers.hbm import HBMTier
 from runtime import LlamaForPagedLM, get_model_config
 from runtime.config import ModelConfig
 from runtime.engine import Engine
-from runtime.hf import to_hf_config
 from runtime.sampling import SamplingParams
 
 BLOCK = 16
-
-
-def _timed(fn: Callable[[], object], device: torch.device, runs: int) -> float:
-    fn()  # warm-up: kernels, allocator, compiled graphs
-    times = []
-    for _ in range(runs):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _prompts(cfg: ModelConfig, batch: int, context: int, seed: int) -> list[list[int]]:
@@ -86,7 +71,7 @@ def _ours(model: LlamaForPagedLM, cfg: ModelConfig, device: torch.device, batch:
         def run(n: int) -> Callable[[], object]:
             return lambda: engine.generate(prompts, SamplingParams(max_tokens=n))
 
-        t_long, t_short = _timed(run(1 + new), device, runs), _timed(run(1), device, runs)
+        t_long, t_short = median_time(run(1 + new), device, runs), median_time(run(1), device, runs)
     finally:
         engine.close()
     return _rate(batch * new, t_long, t_short)
@@ -106,7 +91,7 @@ def _hf(hf: torch.nn.Module, cfg: ModelConfig, device: torch.device, batch: int,
                                    disable_compile=not compile)
 
     with torch.inference_mode():
-        t_long, t_short = _timed(run(1 + new), device, runs), _timed(run(1), device, runs)
+        t_long, t_short = median_time(run(1 + new), device, runs), median_time(run(1), device, runs)
     return _rate(batch * new, t_long, t_short)
 
 
@@ -138,16 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = dataclasses.replace(cfg, max_position_embeddings=max(
         cfg.max_position_embeddings, max(contexts) + new + 1))
 
-    import transformers
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        hf = transformers.LlamaForCausalLM(to_hf_config(cfg, attn_implementation="sdpa"))
-    hf = hf.to(dtype=cfg.torch_dtype).eval()
+    hf, ours = hf_and_ours(cfg, device, args.backend)
     hf.generation_config.eos_token_id = None  # every request runs to its length, as ours do
-    ours = LlamaForPagedLM(cfg, backend=args.backend, device=device)
-    ours.load_weights({k: v for k, v in hf.state_dict().items()
-                       if k in dict(ours.named_parameters())})
+
     lines: list[Measurement] = []
     notes: list[str] = []
     for context in contexts:

@@ -57,9 +57,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -71,6 +68,7 @@ from bench.common import (
     command_line,
     emit_json,
     measurement,
+    median_time,
     print_table,
     record,
 )
@@ -87,18 +85,20 @@ from runtime.hf import to_hf_config
 BLOCK = 16
 
 
-def _time(fn: Callable[[], object], device: torch.device, runs: int) -> float:
-    fn()  # warm-up (kernels, allocator)
-    times = []
-    for _ in range(runs):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def hf_and_ours(cfg: ModelConfig, device: torch.device, backend: str
+                ) -> tuple[torch.nn.Module, LlamaForPagedLM]:
+    """transformers' ``LlamaForCausalLM`` of ``cfg`` with its random initialisation (seed 0),
+    and our model with the same weights: the peer and ours, in the same run."""
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        hf = transformers.LlamaForCausalLM(to_hf_config(cfg, attn_implementation="sdpa"))
+    hf = hf.to(dtype=cfg.torch_dtype).eval()
+    ours = LlamaForPagedLM(cfg, backend=backend, device=device)
+    ours.load_weights({k: v for k, v in hf.state_dict().items()
+                       if k in dict(ours.named_parameters())})
+    return hf, ours
 
 
 def _model_cases(hf: torch.nn.Module, ours: LlamaForPagedLM, cfg: ModelConfig, name: str,
@@ -121,9 +121,9 @@ def _model_cases(hf: torch.nn.Module, ours: LlamaForPagedLM, cfg: ModelConfig, n
                           num_blocks=num_blocks, device=device)
         ids = torch.tensor([tokens], device=device)
         with torch.inference_mode():
-            t_cold = _time(lambda: ours(cold, pool), device, runs)
-            t_hit = _time(lambda: ours(hit, pool), device, runs)
-            t_hf = _time(lambda: hf(input_ids=ids, use_cache=False, logits_to_keep=1), device, runs)
+            t_cold = median_time(lambda: ours(cold, pool), device, runs)
+            t_hit = median_time(lambda: ours(hit, pool), device, runs)
+            t_hf = median_time(lambda: hf(input_ids=ids, use_cache=False, logits_to_keep=1), device, runs)
         case = f"{name}/{n}-tokens"
         cold_ms[n] = t_cold * 1e3
         lines += [
@@ -162,14 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                                          max(plan.lengths) + 16)
     )
 
-    import transformers
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        hf = transformers.LlamaForCausalLM(to_hf_config(cfg, attn_implementation="sdpa"))
-    hf = hf.to(dtype=cfg.torch_dtype).eval()
-    ours = LlamaForPagedLM(cfg, backend=args.backend, device=device)
-    ours.load_weights({k: v for k, v in hf.state_dict().items() if k in dict(ours.named_parameters())})
+    hf, ours = hf_and_ours(cfg, device, args.backend)
 
     lines: list[Measurement] = []
     model_cold: dict[int, float] = {}

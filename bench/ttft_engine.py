@@ -73,7 +73,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bench.common import Measurement, measurement
+from bench.common import Measurement, measurement, median_time
 from bench.redis_server import find_redis_server, redis_server
 from connector.base import KVCacheSpec
 from connector.inprocess import InProcessScheduler, InProcessWorker, PrefetchPolicy
@@ -158,19 +158,6 @@ def _free_memory(device: torch.device) -> None:
         empty_host = getattr(torch._C, "_host_emptyCache", None)  # pinned-memory cache
         if empty_host is not None:
             empty_host()
-
-
-def _median_time(fn: Callable[[], object], device: torch.device, runs: int) -> float:
-    """Median seconds of ``runs`` calls of ``fn`` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(runs):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 class _Prompts:
@@ -305,7 +292,7 @@ def _load_only(pool: HBMTier, host: HostTier, keys: Sequence[bytes], device: tor
                 xfer.load_layer(ctx, lyr)
             xfer.finish_load(ctx)
 
-        t = _median_time(load, device, runs)
+        t = median_time(load, device, runs)
         slab = host.slab_tensor
         for i in (0, len(blocks) - 1):  # the bytes did land where a load puts them
             got = pool.pool_bytes[blocks[i]].cpu()
@@ -326,7 +313,7 @@ def _pcie_floor(host: HostTier, num_pages: int, device: torch.device, runs: int
     if not src.is_pinned():
         raise BenchError("PCIe floor: the host slab is not pinned")
     dst = torch.empty(src.shape, dtype=src.dtype, device=device)
-    t = _median_time(lambda: dst.copy_(src, non_blocking=True), device, max(runs, 5))
+    t = median_time(lambda: dst.copy_(src, non_blocking=True), device, max(runs, 5))
     del dst
     return t, src.numel() / t
 

@@ -57,10 +57,9 @@ DType = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"
 assert set(DType.__args__) == set(DTYPE_SIZES)  # type: ignore[attr-defined]
 
 
-_Strict = Strict
 
 
-class LayoutConfig(_Strict):
+class LayoutConfig(Strict):
     """The model's KV shape. Defaults are Llama-3-8B's (32 layers, 8 KV heads of 128, bf16)."""
 
     num_layers: PositiveInt = 32
@@ -89,7 +88,7 @@ def _default_tier() -> TierConfig:
     return HostTierConfig()
 
 
-class StoreConfig(_Strict):
+class StoreConfig(Strict):
     write_policy: Literal["write_through", "write_back", "selective"] = "write_back"
     selective_hits: PositiveInt = 2
     promote_on_hit: bool = True
@@ -97,7 +96,7 @@ class StoreConfig(_Strict):
     prefetch_workers: int = Field(2, ge=1, le=64)
 
 
-class ConnectorConfig(_Strict):
+class ConnectorConfig(Strict):
     """How an engine's KV connector uses the store (``connector.build.build_connector``)."""
 
     host_tier: str | None = Field(
@@ -113,7 +112,7 @@ _MIN_SECRET_BYTES = 16
 _SECRET_FIELDS = frozenset({"secret", "password", "token"})
 
 
-class SecurityConfig(_Strict):
+class SecurityConfig(Strict):
     """The per-deployment secret: it keys every record's MAC on the disk and Redis tiers (so a
     party that can write there cannot have a page of its own served) and the tenant salts (so
     keys cannot be computed from a salt alone). Every node of a deployment needs the same one.
@@ -154,7 +153,7 @@ class SecurityConfig(_Strict):
         return None
 
 
-class DaemonConfig(_Strict):
+class DaemonConfig(Strict):
     """``kvstore serve``: where the daemon listens and what one request may ask for. A Unix
     socket (mode 0600) by default; TCP only when ``tcp`` is set, and then every call needs
     ``token`` (``KVSTORE_DAEMON__TOKEN``) as a bearer token."""
@@ -183,7 +182,7 @@ class DaemonConfig(_Strict):
         return self
 
 
-class AdminConfig(_Strict):
+class AdminConfig(Strict):
     """The admin REST API and dashboard of ``kvstore serve`` (``server.admin``). It runs when
     ``token`` is set (``KVSTORE_ADMIN__TOKEN``); every route but ``/healthz`` needs it."""
 

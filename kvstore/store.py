@@ -36,6 +36,7 @@ store's background mover thread (:meth:`drain` waits for them).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -166,7 +167,6 @@ class TieredStore(StagingPath):
             check_namespace(namespace_id)
         tally = MissTally() if namespace_id is not None else None
         t0 = time.perf_counter()
-        tiers: list[str] = []
         runs: list[tuple[Tier, int]] = []  # the hit as runs of one tier
         asked = [t for t in self.tiers if not (local_only and t.shared)]
         pos, n = 0, len(keys)
@@ -180,7 +180,6 @@ class TieredStore(StagingPath):
                             there = faster.contains(window)
                             run = next((i for i, h in enumerate(there) if h), run)
                             window = window[:run]
-                    tiers.extend([tier.name] * run)
                     runs.append((tier, run))
                     pos += run
                     break
@@ -194,7 +193,8 @@ class TieredStore(StagingPath):
                 # included), and from the grant on no eviction takes them.
                 pos = self._still_held(keys, runs, pos)
                 granted = self._leases.grant(keys[:pos]) if pos else None
-            del tiers[pos:]
+        tiers = list(itertools.chain.from_iterable(itertools.repeat(t.name, n) for t, n in runs))
+        del tiers[pos:]
         self._m_lookup_hit.inc(pos)
         self._m_lookup_miss.inc(n - pos)
         if namespace_id is not None:
