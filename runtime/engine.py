@@ -59,7 +59,7 @@ from kvstore.tiers.slab import SlabSlots
 from runtime.attention import DEFAULT_BACKEND
 from runtime.batch import ID_OK, SeqInput, build_batch, first_bad_id
 from runtime.config import get_model_config
-from runtime.model import LlamaForPagedLM
+from runtime.model import LlamaForPagedLM, StepGraphsMode
 from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams, sample
 from runtime.scheduler import EngineConnector, Scheduler, SchedulerConfig
@@ -172,6 +172,7 @@ class Engine:
         layerwise: bool = True,
         daemon: str | None = None,
         daemon_token: str | None = None,
+        step_graphs: StepGraphsMode = "auto",
         **engine_kwargs: Any,
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of
@@ -187,11 +188,13 @@ class Engine:
         :class:`~connector.daemon.DaemonStore` (exposed as ``engine.daemon``), whose host tier
         is shared memory. If the daemon goes down the engine recomputes, and reconnects when it
         is back. Raises DaemonUnavailable if it cannot be reached at start, InvalidArgument if
-        its page layout is not this model's."""
+        its page layout is not this model's. ``step_graphs``: how the model runs small steps
+        (:data:`runtime.model.StepGraphsMode`: CUDA graphs on a GPU by default)."""
         if daemon is not None and lower_tiers:
             raise InvalidArgument("pass either daemon or lower_tiers: the daemon owns the tiers")
         model = LlamaForPagedLM.from_random(get_model_config(config_name), seed,
-                                            backend=backend, device=device)
+                                            backend=backend, device=device,
+                                            step_graphs=step_graphs)
         return cls._over_store(
             model, f"random/{config_name}/{seed}", device, num_blocks=num_blocks,
             block_size=block_size, lower_tiers=lower_tiers, write_policy=write_policy,
@@ -207,6 +210,7 @@ class Engine:
         device: str | torch.device = "cpu",
         backend: str = DEFAULT_BACKEND,
         model_id: str | None = None,
+        step_graphs: StepGraphsMode = "auto",
         **kwargs: Any,
     ) -> Engine:
         """The engine over a Hugging Face checkpoint directory: ``config.json`` and its
@@ -224,7 +228,8 @@ class Engine:
         root = Path(path)
         config = load_checkpoint_config(root)
         tokenizer = load_tokenizer(root, config.vocab_size)
-        model = LlamaForPagedLM.from_checkpoint(root, backend=backend, device=device, dtype=dtype)
+        model = LlamaForPagedLM.from_checkpoint(root, backend=backend, device=device, dtype=dtype,
+                                                step_graphs=step_graphs)
         engine = cls._over_store(model, model_id or f"hf/{root.resolve()}", device, **kwargs)
         engine.tokenizer = tokenizer
         return engine

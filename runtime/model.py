@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,39 @@ from runtime.batch import Batch
 from runtime.config import ModelConfig
 from runtime.errors import CheckpointError
 from runtime.weights import checkpoint_tensor_shapes, load_checkpoint, random_state_dict
+
+if TYPE_CHECKING:
+    from runtime.step_graphs import StepGraphs
+
+#: How a model runs its small steps (``runtime.step_graphs``): ``"cuda"`` replays CUDA graphs,
+#: ``"eager"`` runs the same padded paged-kernel steps without graphs, ``"off"`` runs every
+#: step through the attention backend; ``"auto"`` is ``"cuda"`` on a GPU with Triton, else
+#: ``"off"``.
+StepGraphsMode = Literal["auto", "cuda", "eager", "off"]
+STEP_GRAPHS_MODES = ("auto", "cuda", "eager", "off")
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _step_graphs_mode(mode: str, device: torch.device) -> str:
+    if mode not in STEP_GRAPHS_MODES:
+        raise InvalidArgument(f"step_graphs must be one of {', '.join(STEP_GRAPHS_MODES)}, got "
+                              f"{mode!r}", hint="leave it 'auto'")
+    if mode == "auto":
+        return "cuda" if device.type == "cuda" and _triton_available() else "off"
+    if mode == "cuda" and device.type != "cuda":
+        raise InvalidArgument(f"step_graphs='cuda' needs a CUDA device, the model is on {device}",
+                              hint="use 'eager' (Triton's interpreter on a CPU) or 'off'")
+    if mode != "off" and not _triton_available():
+        raise InvalidArgument(f"step_graphs={mode!r} needs Triton, which is not installed",
+                              hint="pip install triton, or use step_graphs='off'")
+    return mode
 
 
 def allocate_kv_pool(
@@ -85,6 +118,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    #: ``q_proj``, ``k_proj`` and ``v_proj`` weights stacked; theirs are views of it (see
+    #: :func:`fuse_weights`).
+    qkv_weight: torch.Tensor
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
@@ -101,6 +138,7 @@ class Attention(nn.Module):
         batch: Batch, backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
+        # separate products: contiguous q/k/v for RoPE and SDPA (the step path uses qkv_weight)
         q = apply_rope(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
@@ -110,6 +148,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    #: ``gate_proj`` and ``up_proj`` weights stacked; theirs are views of it.
+    gate_up_weight: torch.Tensor
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
@@ -119,6 +160,21 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def fuse_weights(*linears: nn.Linear) -> torch.Tensor:
+    """One tensor holding the linears' weights stacked, each linear's weight a view of its rows:
+    the step path (``runtime.step_graphs``) runs one matrix product instead of several (a small
+    step is launch-bound), the eager path the separate ones (contiguous outputs for a long
+    prefill), and the Hugging Face names and shapes stay for loading. Moving the model afterwards (``.to``)
+    would split them again: build it on its device."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start: start + rows], requires_grad=False)
+        start += rows
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -167,9 +223,13 @@ class LlamaForPagedLM(nn.Module):
         *,
         backend: str | AttentionBackend = DEFAULT_BACKEND,
         device: torch.device | str = "cpu",
+        step_graphs: StepGraphsMode = "auto",
     ) -> None:
-        """Uninitialized weights on ``device`` in ``config.dtype``; call :meth:`load_weights`."""
+        """Uninitialized weights on ``device`` in ``config.dtype``; call :meth:`load_weights`.
+        ``step_graphs``: how steps of at most ``runtime.step_graphs.MAX_TOKENS`` tokens run
+        (:data:`StepGraphsMode`); longer ones always run eagerly through ``backend``."""
         super().__init__()
+        mode = _step_graphs_mode(step_graphs, torch.device(device))
         self.config = config
         self.backend = make_attention_backend(backend) if isinstance(backend, str) else backend
         with torch.device("meta"):
@@ -181,15 +241,24 @@ class LlamaForPagedLM(nn.Module):
         self.to_empty(device=device)
         self.to(config.torch_dtype)
         self.requires_grad_(False)
+        for layer in cast("list[DecoderLayer]", self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_weight = fuse_weights(attn.q_proj, attn.k_proj, attn.v_proj)
+            mlp.gate_up_weight = fuse_weights(mlp.gate_proj, mlp.up_proj)
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
+        self.step_graphs: StepGraphs | None = None
+        if mode != "off":
+            from runtime.step_graphs import StepGraphs
+
+            self.step_graphs = StepGraphs(self, mode)  # type: ignore[arg-type]
 
     @classmethod
     def from_random(
         cls, config: ModelConfig, seed: int, *, backend: str | AttentionBackend = DEFAULT_BACKEND,
-        device: torch.device | str = "cpu",
+        device: torch.device | str = "cpu", step_graphs: StepGraphsMode = "auto",
     ) -> LlamaForPagedLM:
         """Deterministic random weights (:func:`runtime.weights.random_state_dict`)."""
-        model = cls(config, backend=backend, device=device)
+        model = cls(config, backend=backend, device=device, step_graphs=step_graphs)
         model.load_weights(random_state_dict(config, seed, device=device))
         return model
 
@@ -197,12 +266,13 @@ class LlamaForPagedLM(nn.Module):
     def from_checkpoint(
         cls, path: str | Path, *, backend: str | AttentionBackend = DEFAULT_BACKEND,
         device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+        step_graphs: StepGraphsMode = "auto",
     ) -> LlamaForPagedLM:
         """Load a HF checkpoint directory (:func:`runtime.weights.load_checkpoint`); ``dtype``
         overrides the checkpoint's."""
         ckpt = load_checkpoint(path, dtype=dtype, device=device)
         config = ckpt.config if dtype is None else ckpt.config.with_dtype(str(dtype))
-        model = cls(config, backend=backend, device=device)
+        model = cls(config, backend=backend, device=device, step_graphs=step_graphs)
         model.load_weights(ckpt.tensors)
         return model
 
@@ -271,6 +341,8 @@ class LlamaForPagedLM(nn.Module):
         if batch.input_ids.shape != (meta.num_tokens,):
             raise InvalidArgument(f"input_ids has shape {tuple(batch.input_ids.shape)}, expected "
                                   f"({meta.num_tokens},)", hint="build batches with build_batch")
+        if self.step_graphs is not None and self.step_graphs.fits(batch, kv_pool):
+            return self.step_graphs.run(batch, kv_pool, layer_hooks)
         freqs = meta.positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(self.config.torch_dtype), emb.sin().to(self.config.torch_dtype)

@@ -6,9 +6,17 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 from kvstore import KVLayout, Metrics, Namespace
+
+# The Triton kernels (runtime.attention.paged, runtime.fused_kernels) run on a CPU only under
+# Triton's interpreter, and Triton picks the interpreter when it is first imported: so the flag
+# is set for the whole session, before any test imports Triton (vLLM's CPU build runs no Triton
+# kernel and passes its tests either way).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "ci",

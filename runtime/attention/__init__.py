@@ -14,6 +14,7 @@ from runtime.attention.base import AttentionBackend
 BACKENDS: dict[str, str] = {
     "torch_ref": "runtime.attention.torch_ref:TorchRefBackend",
     "sdpa": "runtime.attention.sdpa:SDPABackend",
+    "paged": "runtime.attention.paged:PagedBackend",
 }
 
 REGISTRY: Registry[AttentionBackend] = Registry("attention backend", "backends",

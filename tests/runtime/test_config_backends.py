@@ -80,8 +80,8 @@ def test_random_init_is_deterministic_and_scaled() -> None:
 
 
 def test_backend_registry() -> None:
-    assert available_backends() == ["sdpa", "torch_ref"]
-    with pytest.raises(UnknownComponent, match="known backends: sdpa, torch_ref"):
+    assert available_backends() == ["paged", "sdpa", "torch_ref"]
+    with pytest.raises(UnknownComponent, match="known backends: paged, sdpa, torch_ref"):
         make_attention_backend("flash")
 
 

@@ -1,0 +1,268 @@
+"""Small steps (decode, a prefix hit's suffix, short chunks) through the paged kernels, padded to
+a few shapes and, on CUDA, captured once per shape as CUDA graphs and replayed.
+
+Why: an eager forward of a few tokens through an 8B model launches about fifty kernels a layer
+from Python, and that launch overhead, not the GPU, sets its time (an hbm prefix hit took 25 ms
+on the H200 where reading the weights takes 3.4). Replaying graphs launches a step with a few
+dozen calls.
+
+How: a step of ``T`` tokens from ``S`` sequences with ``R`` logits rows runs as the shape
+``(T, S, R)`` rounded up to powers of two. The step's inputs are copied into static buffers;
+padding tokens write no K/V (slot block -1), padding sequences are empty, padding logits rows
+read row 0. Attention is the paged backend (``runtime.attention.paged``), which reads all its
+sizes from those buffers. Each shape has ``num_layers + 2`` graphs -- embedding and RoPE, one per
+decoder layer, the final norm and LM head -- so a KV connector's layer hooks still run between
+layers (its load waits and save starts), as in the eager forward. Graphs are captured on the
+first step of a shape (after one eager warm-up with empty metadata, which writes nothing) into
+one memory pool, and dropped when the KV pool changes.
+
+Mode ``"eager"`` runs the same padded steps without graphs: the CPU path (the kernels run under
+Triton's interpreter there) and the reference that graph replay must match token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, cast
+
+import torch
+import torch.nn.functional as F
+
+from runtime.attention.paged import PagedStep, attention, block_q_for, num_splits_for
+from runtime.batch import Batch
+from runtime.fused_kernels import add_rmsnorm, rope_write_kv, silu_mul
+
+if TYPE_CHECKING:
+    from runtime.model import DecoderLayer, LayerHooks, LlamaForPagedLM
+
+#: Steps of at most this many tokens (and logits rows) run here; longer ones run eagerly
+#: through the model's backend (a long prefill is compute-bound: launches do not matter).
+MAX_TOKENS = 512
+
+StepMode = Literal["cuda", "eager"]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    tokens: int
+    seqs: int
+    logits: int
+    block_q: int
+    num_splits: int
+
+
+@dataclass(slots=True)
+class _Graphs:
+    """One shape's captured graphs and the tensor their last graph leaves the logits in."""
+
+    graphs: list[torch.cuda.CUDAGraph]
+    logits: torch.Tensor
+
+
+class StepGraphs:
+    """Runs a model's small steps padded (``mode="eager"``) or as replayed CUDA graphs
+    (``mode="cuda"``). Not thread-safe: one per model, driven by its forward."""
+
+    def __init__(self, model: LlamaForPagedLM, mode: StepMode) -> None:
+        self.model = model
+        self.mode = mode
+        self._pool_key: tuple[int, tuple[int, ...]] | None = None
+        self._captured: dict[_Shape, _Graphs] = {}
+        self._mempool: object | None = None
+        self._bufs: dict[str, torch.Tensor] = {}
+        #: Captures so far (every shape's first step), for tests and benches.
+        self.num_captures = 0
+
+    def fits(self, batch: Batch, kv_pool: torch.Tensor) -> bool:
+        """Whether this step runs here: short enough, and its block tables fit the buffers."""
+        meta = batch.meta
+        width = -(-self.model.config.max_position_embeddings // meta.block_size)
+        return (meta.num_tokens <= MAX_TOKENS and len(meta.logits_indices) <= MAX_TOKENS
+                and meta.block_tables.shape[1] <= width)
+
+    def run(self, batch: Batch, kv_pool: torch.Tensor, hooks: LayerHooks | None) -> torch.Tensor:
+        """Logits of ``batch`` (validated by the model), float32 ``[num_logits, vocab]``."""
+        meta = batch.meta
+        self._check_pool(kv_pool)
+        cfg = self.model.config
+        groups = cfg.num_heads // cfg.num_kv_heads
+        block_q = block_q_for(max(meta.num_new_tokens), groups)
+        q_blocks = sum(-(-n // block_q) for n in meta.num_new_tokens)
+        tokens = _pow2(meta.num_tokens)
+        shape = _Shape(
+            tokens=tokens, seqs=min(_pow2(meta.num_seqs), tokens),
+            logits=_pow2(max(1, len(meta.logits_indices))), block_q=block_q,
+            num_splits=num_splits_for(q_blocks, cfg.num_kv_heads, max(meta.seq_lens),
+                                      kv_pool.device),
+        )
+        step = self._step(shape, meta.block_size)
+        bodies = self._bodies(shape, step, kv_pool)
+        num_logits = len(meta.logits_indices)
+        if self.mode == "eager":
+            self._fill(batch, shape)
+            logits = self._walk(bodies, hooks)
+            assert logits is not None
+            return logits[:num_logits].clone()
+        graphs = self._captured.get(shape)
+        if graphs is None:
+            graphs = self._capture(shape, bodies)
+        self._fill(batch, shape)
+        self._walk([g.replay for g in graphs.graphs], hooks)
+        return graphs.logits[:num_logits].clone()
+
+    # -- buffers -----------------------------------------------------------------------------
+
+    def _check_pool(self, kv_pool: torch.Tensor) -> None:
+        """Graphs hold the pool's address: a new pool drops them (and the buffers follow its
+        device)."""
+        key = (kv_pool.data_ptr(), tuple(kv_pool.shape))
+        if key == self._pool_key:
+            return
+        self._captured.clear()
+        self._mempool = None
+        self._pool_key = key
+        width = -(-self.model.config.max_position_embeddings // kv_pool.shape[3])
+        dev = kv_pool.device
+        i64 = dict(dtype=torch.int64, device=dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self._bufs = {
+            "input_ids": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
+            "positions": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
+            "slot_blocks": torch.full((MAX_TOKENS,), -1, **i64),  # type: ignore[arg-type]
+            "slot_offsets": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
+            "logits_indices": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
+            "block_tables": torch.zeros((MAX_TOKENS, width), **i32),  # type: ignore[arg-type]
+            # a step's seq_lens [S] then its query_start_loc [S + 1]
+            "lens": torch.zeros(2 * MAX_TOKENS + 1, **i32),  # type: ignore[arg-type]
+        }
+
+    def _step(self, shape: _Shape, block_size: int) -> PagedStep:
+        b = self._bufs
+        return PagedStep(
+            block_size=block_size,
+            slot_blocks=b["slot_blocks"][: shape.tokens],
+            slot_offsets=b["slot_offsets"][: shape.tokens],
+            block_tables=b["block_tables"][: shape.seqs],
+            seq_lens=b["lens"][: shape.seqs],
+            query_start_loc=b["lens"][shape.seqs: 2 * shape.seqs + 1],
+            block_q=shape.block_q,
+            num_splits=shape.num_splits,
+        )
+
+    def _fill(self, batch: Batch, shape: _Shape) -> None:
+        """Copy the step into the buffers; padding writes nothing and reads row 0."""
+        meta, b = batch.meta, self._bufs
+        t, s, r = meta.num_tokens, meta.num_seqs, len(meta.logits_indices)
+        b["input_ids"][:t].copy_(batch.input_ids, non_blocking=True)
+        b["positions"][:t].copy_(meta.positions, non_blocking=True)
+        b["slot_blocks"][:t].copy_(meta.slot_blocks, non_blocking=True)
+        b["slot_blocks"][t: shape.tokens].fill_(-1)
+        b["slot_offsets"][:t].copy_(meta.slot_offsets, non_blocking=True)
+        b["logits_indices"][:r].copy_(meta.logits_indices, non_blocking=True)
+        b["logits_indices"][r: shape.logits].zero_()
+        b["block_tables"][:s, : meta.block_tables.shape[1]].copy_(meta.block_tables,
+                                                                  non_blocking=True)
+        pad = shape.seqs - s
+        lens = torch.tensor([*meta.seq_lens, *([0] * pad), *meta.query_start_loc, *([t] * pad)],
+                            dtype=torch.int32)
+        b["lens"][: 2 * shape.seqs + 1].copy_(lens)
+
+    def _empty(self, shape: _Shape) -> None:
+        """Metadata of a step that touches nothing: for warm-up and capture."""
+        b = self._bufs
+        b["slot_blocks"][: shape.tokens].fill_(-1)
+        b["lens"].zero_()
+        b["logits_indices"].zero_()
+
+    # -- the step's pieces -------------------------------------------------------------------
+
+    def _bodies(self, shape: _Shape, step: PagedStep, kv_pool: torch.Tensor
+                ) -> list[Callable[[], torch.Tensor | None]]:
+        """The step as ``num_layers + 2`` closures over the buffers; each returns its output
+        tensor, which the next reads (captured: the graph's own output). A layer is the
+        model's decoder layer with its element-wise steps fused (``runtime.fused_kernels``)
+        and the residual stream carried unnormalised, as vLLM does."""
+        model, b = self.model, self._bufs
+        cfg = model.config
+        layers = cast("list[DecoderLayer]", list(model.model.layers))
+        heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        eps, scale = cfg.rms_norm_eps, cfg.head_dim ** -0.5
+        state: dict[str, torch.Tensor] = {}
+
+        def pre() -> torch.Tensor:
+            pos = b["positions"][: shape.tokens]
+            freqs = pos.float()[:, None] * model.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            state["cos"], state["sin"] = emb.cos().to(cfg.torch_dtype), emb.sin().to(cfg.torch_dtype)
+            state["h"] = model.model.embed_tokens(b["input_ids"][: shape.tokens])
+            state.pop("res", None)
+            return state["h"]
+
+        def layer_body(i: int) -> Callable[[], torch.Tensor]:
+            layer = layers[i]
+            attn, mlp = layer.self_attn, layer.mlp
+
+            def body() -> torch.Tensor:
+                x, res = add_rmsnorm(state["h"], layer.input_layernorm.weight, eps,
+                                     state.get("res"))
+                q = rope_write_kv(F.linear(x, attn.qkv_weight), state["cos"], state["sin"],
+                                  kv_pool, i, step.slot_blocks, step.slot_offsets, heads,
+                                  kv_heads)
+                o = attention(q, kv_pool, i, step, scale).view(shape.tokens, heads * dim)
+                x, res = add_rmsnorm(F.linear(o, attn.o_proj.weight),
+                                     layer.post_attention_layernorm.weight, eps, res)
+                state["h"] = F.linear(silu_mul(F.linear(x, mlp.gate_up_weight)),
+                                      mlp.down_proj.weight)
+                state["res"] = res
+                return state["h"]
+            return body
+
+        def post() -> torch.Tensor:
+            x, _ = add_rmsnorm(state["h"], model.model.norm.weight, eps, state["res"])
+            head = (model.model.embed_tokens.weight if model.lm_head is None
+                    else model.lm_head.weight)
+            return F.linear(x[b["logits_indices"][: shape.logits]], head).float()
+
+        return [pre, *(layer_body(i) for i in range(len(layers))), post]
+
+    def _capture(self, shape: _Shape, bodies: list[Callable[[], torch.Tensor | None]]
+                 ) -> _Graphs:
+        self._empty(shape)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
+            for body in bodies:
+                body()
+        torch.cuda.current_stream().wait_stream(side)
+        if self._mempool is None:
+            self._mempool = torch.cuda.graph_pool_handle()
+        graphs = []
+        out: torch.Tensor | None = None
+        for body in bodies:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._mempool):
+                out = body()
+            graphs.append(g)
+        assert out is not None
+        captured = _Graphs(graphs, out)
+        self._captured[shape] = captured
+        self.num_captures += 1
+        return captured
+
+    @staticmethod
+    def _walk(pieces: list[Callable[[], torch.Tensor | None]], hooks: LayerHooks | None
+              ) -> torch.Tensor | None:
+        """Run the pieces in order with the layer hooks around each layer; the last's result."""
+        pieces[0]()
+        for i, piece in enumerate(pieces[1:-1]):
+            if hooks is not None:
+                hooks.before(i)
+            piece()
+            if hooks is not None:
+                hooks.after(i)
+        return pieces[-1]()
