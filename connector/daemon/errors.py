@@ -61,10 +61,21 @@ def message_of(exc: BaseException) -> str:
     return f"internal error ({type(exc).__name__}); see the daemon's log"
 
 
+#: a status code by its number (the code a stream's message carries, see ``pb.Status``)
+CODE_OF: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+
 def error_of(err: grpc.RpcError) -> E.KVStoreError:
     """The kvstore error a client raises for a failed call."""
-    code = err.code()  # type: ignore[attr-defined]
-    text = err.details() or code.name  # type: ignore[attr-defined]
+    return error_of_status(err.code(), err.details())  # type: ignore[attr-defined]
+
+
+def error_of_status(code: grpc.StatusCode | int, details: str | None) -> E.KVStoreError:
+    """The kvstore error a client raises for a failed call's status (``code`` as a
+    ``grpc.StatusCode`` or its number: a stream message's :class:`pb.Status`)."""
+    if isinstance(code, int):
+        code = CODE_OF.get(code, grpc.StatusCode.UNKNOWN)
+    text = details or code.name
     if code in UNREACHABLE:
         return DaemonUnavailable(f"kvstore daemon: {code.name}: {text}")
     cls = ERROR_OF.get(code, E.KVStoreError)
@@ -73,5 +84,5 @@ def error_of(err: grpc.RpcError) -> E.KVStoreError:
     return cls(f"{code.name}: {text}")
 
 
-__all__ = ["DaemonUnavailable", "ERROR_OF", "STATUS_OF", "UNREACHABLE", "error_of", "message_of",
-           "status_of"]
+__all__ = ["CODE_OF", "DaemonUnavailable", "ERROR_OF", "STATUS_OF", "UNREACHABLE", "error_of",
+           "error_of_status", "message_of", "status_of"]

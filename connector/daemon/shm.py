@@ -78,12 +78,25 @@ class SharedSlab:
 
     @classmethod
     def create(cls, name: str, nbytes: int) -> SharedSlab:
-        """Create a new segment of ``nbytes`` (0600; fails if the name exists) and map it."""
+        """Create a new segment of ``nbytes`` (0600; fails if the name exists) and map it.
+
+        Its memory is allocated now (``posix_fallocate``), not at each page's first write: a
+        ``/dev/shm`` too small for it fails here with TierUnavailable, where a sparse segment
+        would kill with SIGBUS whichever process -- a client copying a page in -- first wrote
+        past the space left; and no save pays the allocation of the pages it writes."""
         check_name(name)
         fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
             os.ftruncate(fd, nbytes)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as exc:
+                raise TierUnavailable(
+                    f"cannot allocate {nbytes} bytes of shared memory in {SHM_DIR}: "
+                    f"{exc.strerror}",
+                    hint="make the host tier smaller, or /dev/shm larger "
+                         "(mount -o remount,size=... /dev/shm; docker run --shm-size)") from None
             return cls(name, nbytes, _map(fd, nbytes, None), owner=True)
         except BaseException:
             os.unlink(SHM_DIR / name)

@@ -101,21 +101,31 @@ class TierRun(_message.Message):
     blocks: int
     def __init__(self, tier: _Optional[str] = ..., blocks: _Optional[int] = ...) -> None: ...
 
+class Status(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class LookupReply(_message.Message):
-    __slots__ = ("num_blocks", "runs", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers")
+    __slots__ = ("num_blocks", "runs", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers", "error")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     HAS_REMOTE_TIERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     runs: _containers.RepeatedCompositeFieldContainer[TierRun]
     lease_id: int
     lease_ttl_s: float
     bandwidth: _containers.RepeatedCompositeFieldContainer[TierBandwidth]
     has_remote_tiers: bool
-    def __init__(self, num_blocks: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ...) -> None: ...
+    error: Status
+    def __init__(self, num_blocks: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ..., error: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("session_id", "namespace_id", "lease_id", "keep")

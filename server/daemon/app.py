@@ -77,6 +77,7 @@ class Daemon:
     slab: shm.SharedSlab
     socket_path: Path
     stopping: threading.Event
+    servicer: Servicer
     admin: Any = None  # a server.admin.AdminServer when the admin API is on
 
     def stop(self) -> None:
@@ -85,6 +86,7 @@ class Daemon:
         if self.admin is not None:
             self.admin.stop()
         self.service.close()  # sessions end: handles completed/aborted, streams return
+        self.servicer.close()  # lookup streams end (they wait on their clients otherwise)
         grace = self.cfg.daemon.drain_timeout_s
         for ev in [s.stop(grace) for s in self.servers]:
             ev.wait(grace + 1)
@@ -165,7 +167,7 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         log.info("listening on tcp %s (port %d, bearer token required)", dcfg.tcp, port)
     log.info("shared memory /dev/shm/%s: %d pages of %d bytes in tier %r", slab.name, pages,
              layout.page_bytes, host_name)
-    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping)
+    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping, servicer)
     try:
         daemon.admin = _serve_admin(cfg, store)
     except BaseException:

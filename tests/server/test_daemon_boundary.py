@@ -76,6 +76,20 @@ def test_shared_memory_is_owner_only(guarded: tuple[DaemonProc, str]) -> None:
         assert stat.S_IMODE(Path("/dev/shm", name).stat().st_mode) == 0o600
 
 
+def test_shared_memory_is_allocated_when_created(tmp_path: Path) -> None:
+    # all of the segment's memory is taken at creation: a /dev/shm too small fails the start
+    # instead of a client's first write past the space left (SIGBUS), and no save pays for
+    # the allocation of the pages it writes
+    from connector.daemon.shm import SharedSlab, new_name
+
+    slab = SharedSlab.create(new_name("kvstore-test"), 64 << 20)
+    try:
+        assert Path("/dev/shm", slab.name).stat().st_blocks * 512 >= 64 << 20
+    finally:
+        slab.close()
+        slab.unlink()
+
+
 @pytest.mark.parametrize("token", [None, "wrong-token", TOKEN[:-1]])
 def test_tcp_refuses_a_missing_or_wrong_token(guarded: tuple[DaemonProc, str], token) -> None:
     with grpc.insecure_channel(guarded[1]) as ch:
@@ -86,6 +100,11 @@ def test_tcp_refuses_a_missing_or_wrong_token(guarded: tuple[DaemonProc, str], t
         code, _ = _code(lambda *a, **k: next(stub.OpenSession(*a, **k)), pb.OpenSessionRequest(),
                         metadata=md)
         assert code == grpc.StatusCode.UNAUTHENTICATED
+        lookups = stub.LookupStream(iter([pb.LookupRequest(namespace_id=NS_A.id)]), metadata=md,
+                                    timeout=10)
+        with pytest.raises(grpc.RpcError) as info:
+            next(lookups)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # health checks stay open, like /healthz
         r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert r.status == health_pb2.HealthCheckResponse.SERVING
@@ -125,6 +144,33 @@ def test_malformed_requests_get_invalid_argument(guarded, stub) -> None:  # noqa
                                                           handle_id=1))
     assert code == grpc.StatusCode.NOT_FOUND and "unknown or closed" in msg
     _still_serving(d)
+
+
+def test_a_failed_lookup_on_the_stream_is_answered_and_the_stream_goes_on(guarded, stub) -> None:  # noqa: ANN001
+    # the lookup stream answers each request in order; a bad one gets its status in the reply
+    # (the unary call's codes and messages), and the next request on the same call is served
+    chain = NS_A.chain(list(range(32)))
+    requests = [pb.LookupRequest(namespace_id=b"abc", keys=b"k" * 16),
+                pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 33),
+                pb.LookupRequest(namespace_id=NS_A.id, keys=b"k" * 16 * 65),
+                pb.LookupRequest(namespace_id=NS_A.id, keys=b"".join(chain.keys), lease=True,
+                                 session_id="nope"),
+                pb.LookupRequest(namespace_id=NS_A.id, keys=b"".join(chain.keys))]
+    replies = list(stub.LookupStream(iter(requests), timeout=10))
+    assert len(replies) == len(requests)
+    codes = [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND]
+    texts = ["namespace id must be 16 bytes", "not a multiple of 16", "65 keys", "unknown or closed"]
+    for r, code, text in zip(replies, codes, texts):
+        assert r.HasField("error") and r.error.code == code.value[0] and text in r.error.message
+        assert r.num_blocks == 0 and r.lease_id == 0
+    assert not replies[-1].HasField("error") and replies[-1].num_blocks == 0
+    # through the client: the daemon's error is raised as the same kvstore error
+    with DaemonStore(guarded[0].target, NS_A.id) as s:
+        with pytest.raises(InvalidArgument, match="65 keys"):
+            s.lookup(NS_A.chain(list(range(16 * 65))).keys)
+        assert s.lookup(chain.keys).num_blocks == 0  # and the next lookup is served
+    _still_serving(guarded[0])
 
 
 def test_oversized_requests_get_resource_exhausted(guarded, stub) -> None:  # noqa: ANN001

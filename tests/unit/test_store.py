@@ -18,6 +18,7 @@ from kvstore import (
     TieredStore,
     UnknownComponent,
 )
+from kvstore.leases import LeaseTable
 from kvstore.tiers.host import HostTier
 from tests.conftest import random_pages
 
@@ -148,6 +149,36 @@ def test_lease_pins_until_release(layout: KVLayout, ns: Namespace) -> None:
     assert not store.is_pinned(chain.keys[0])
     with pytest.raises(LeaseError):
         store.release(res.lease)
+    store.check_integrity()
+
+
+def test_release_unpins_only_what_no_other_lease_pins(layout: KVLayout, ns: Namespace) -> None:
+    # overlapping leases, and a lookup that names a key twice: a release takes away only its
+    # own pins (one per occurrence), whatever the other leases still hold stays pinned
+    store = two_tier(layout, "write_back", top=4, bottom=4)
+    chain = ns.chain(list(range(4 * 8)))
+    store.put(chain.metas(0, 4), random_pages(layout, 4))
+    k = chain.keys
+    wide = store.lookup(k[:4], lease=True).lease
+    narrow = store.lookup(k[:2], lease=True).lease
+    assert wide is not None and narrow is not None
+    store.release(wide)
+    assert [store.is_pinned(x) for x in k[:4]] == [True, True, False, False]
+    store.check_integrity()
+    store.release(narrow)
+    assert not any(store.is_pinned(x) for x in k[:4])
+    twice = store.lookup(k[:2], lease=True).lease
+    assert twice is not None
+    # the table as the store drives it, given a lease that names a key twice
+    table = LeaseTable(30.0, time.monotonic, Metrics())
+    a, b = table.grant([k[0], k[1], k[0]]), table.grant([k[0]])
+    assert table.pins == {k[0]: 3, k[1]: 1}
+    table.release(a)
+    assert table.pins == {k[0]: 1}
+    table.check()
+    table.release(b)
+    assert not table.pins
+    store.release(twice)
     store.check_integrity()
 
 
