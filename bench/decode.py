@@ -20,7 +20,10 @@ CUDA-synchronised. Variants:
 * ``HF generate (static cache, torch.compile)`` -- the same with transformers' compiled forward
   (GPU only: on the CPU a compile costs minutes).
 
-The ratio is ours / the baseline (higher is better).
+The ratio is ours / the baseline (higher is better). On the GPU every case also gets ``ours vs
+memory-bandwidth floor``: the tokens/s a step would reach if it only read the weights (all but
+the input embedding, of which a step reads a few rows) and the batch's K/V once, at the
+device-to-device copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -63,8 +66,10 @@ def _ours(model: LlamaForPagedLM, cfg: ModelConfig, device: torch.device, batch:
     blocks = batch * (-(-(context + new + 1) // BLOCK)) + 8
     layout = cfg.kv_layout(BLOCK)
     pool = HBMTier("hbm", layout, blocks, Metrics(), device=device)
+    # prefill in chunks of a context at most: one step of the whole batch's prompts would need
+    # activations for 256K tokens at batch 32 x 8K (out of memory on the H200 beside HF's cache)
     engine = Engine(model, pool, Namespace("bench/decode", layout), enable_prefix_caching=False,
-                    max_num_seqs=batch, max_num_batched_tokens=max(batch * context, 2048))
+                    max_num_seqs=batch, max_num_batched_tokens=max(context, 2048))
     try:
         prompts = _prompts(cfg, batch, context, 7)
 
@@ -93,6 +98,25 @@ def _hf(hf: torch.nn.Module, cfg: ModelConfig, device: torch.device, batch: int,
     with torch.inference_mode():
         t_long, t_short = median_time(run(1 + new), device, runs), median_time(run(1), device, runs)
     return _rate(batch * new, t_long, t_short)
+
+
+def _copy_bandwidth(device: torch.device) -> float:
+    """Device memory bandwidth in bytes/s: a 2 GiB device-to-device copy (bytes read + written)."""
+    src = torch.empty(1 << 31, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t = median_time(lambda: dst.copy_(src), device, 5)
+    del src, dst
+    return 2 * (1 << 31) / t
+
+
+def _floor_tps(model: LlamaForPagedLM, cfg: ModelConfig, batch: int, context: int, new: int,
+               bandwidth: float) -> float:
+    """Tokens/s if each step only read the weights and the batch's K/V (mean context) once."""
+    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                  if not (name.endswith("embed_tokens.weight") and model.lm_head is not None))
+    kv_per_token = cfg.kv_layout(BLOCK).page_bytes // BLOCK
+    step_bytes = weights + batch * (context + new / 2) * kv_per_token
+    return batch * bandwidth / step_bytes
 
 
 class TooNoisy(RuntimeError):
@@ -128,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
 
     lines: list[Measurement] = []
     notes: list[str] = []
+    bandwidth = _copy_bandwidth(device) if gpu else None
+    if bandwidth is not None:
+        notes.append(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (the floor's bandwidth)")
     for context in contexts:
         for batch in batches:
             case = f"{name}/{context}-context/batch-{batch}"
@@ -148,6 +175,11 @@ def main(argv: list[str] | None = None) -> None:
                 lines.append(measurement("decode", case, "ours vs compiled", "throughput", tps,
                                          "tokens/s", baseline="HF generate (static cache, "
                                          "torch.compile)", baseline_value=comp))
+            if bandwidth is not None:
+                lines.append(measurement(
+                    "decode", case, "ours vs memory-bandwidth floor", "throughput", tps,
+                    "tokens/s", baseline="weights + K/V read once a step",
+                    baseline_value=_floor_tps(ours, cfg, batch, context, new, bandwidth)))
             if gpu:
                 torch.cuda.empty_cache()
     if args.json:
