@@ -58,6 +58,9 @@ from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.tiers.base import check_keys
 
 log = logging.getLogger(__name__)
+
+#: seconds of unary lookups after the daemon refused a lookup stream (its limit was reached)
+_STREAM_RETRY_S = 30.0
 _owners = itertools.count(1 << 40)  # distinct from in-process stores' owner ids
 
 
@@ -163,6 +166,7 @@ class DaemonStore:
         #: lookups go as messages of one open call (see _lookup_call), opened at the first
         self._lookup_stream: CallStream | None = None
         self._lookup_lock = threading.Lock()  # the stream's one caller at a time
+        self._stream_refused_until = 0.0  # monotonic: the daemon had no stream to spare
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvstore-daemon-client")
         self._closed = False
         self._remote_tiers = False  # learnt from each lookup reply
@@ -370,7 +374,8 @@ class DaemonStore:
         a unary call, see :mod:`.stream`), opened on the live channel when there is none; a
         unary call when another thread's lookup is using the stream, so a slow lookup (a
         remote tier) never holds up another. Raises what :meth:`_call` raises."""
-        if not self._lookup_lock.acquire(blocking=False):
+        if time.monotonic() < self._stream_refused_until or not self._lookup_lock.acquire(
+                blocking=False):
             return self._call("Lookup", req)
         try:
             stub = self._ensure()
@@ -384,6 +389,12 @@ class DaemonStore:
             try:
                 r = stream.ask(req, self.timeout_s)
             except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    # the daemon has as many lookup streams open as it allows: unary calls,
+                    # and another try at a stream later
+                    self._lookup_stream = None
+                    self._stream_refused_until = time.monotonic() + _STREAM_RETRY_S
+                    return self._call("Lookup", req)
                 exc = error_of(err)
                 if isinstance(exc, DaemonUnavailable):
                     self._lost()

@@ -131,7 +131,7 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     service = DaemonService(store, slab.name, slab.nbytes, limits=Limits(
         dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota))
     stopping = threading.Event()
-    servicer = Servicer(service, stopping)
+    servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions)
     hs = health.HealthServicer()
     for name in ("", SERVICE_NAME):  # grpc's servicer starts "" as SERVING: not before we are
         hs.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -139,10 +139,16 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
                ("grpc.max_send_message_length", int(dcfg.max_message_bytes)),
                ("grpc.so_reuseport", 0)]
 
+    # Every open session holds a handler thread for its life (OpenSession streams until the
+    # client goes), and so does every lookup stream (at most one per session): threads for
+    # those come on top of `workers`, or 32 sessions would leave no thread for any other call.
+    # The pool starts threads only as calls need them.
+    held = 2 * dcfg.max_sessions
+
     def server(interceptors: tuple[grpc.ServerInterceptor, ...] = ()) -> grpc.Server:
-        s = grpc.server(ThreadPoolExecutor(dcfg.workers, thread_name_prefix="kvstore-rpc"),
+        s = grpc.server(ThreadPoolExecutor(dcfg.workers + held, thread_name_prefix="kvstore-rpc"),
                         interceptors=interceptors, options=options,
-                        maximum_concurrent_rpcs=dcfg.workers * 4)
+                        maximum_concurrent_rpcs=dcfg.workers * 4 + held)
         pb_grpc.add_KVStoreDaemonServicer_to_server(servicer, s)
         health_pb2_grpc.add_HealthServicer_to_server(hs, s)
         return s

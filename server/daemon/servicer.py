@@ -67,7 +67,10 @@ def _error_reply(code: grpc.StatusCode, message: str) -> Any:
 
 
 class Servicer(pb_grpc.KVStoreDaemonServicer):
-    def __init__(self, service: DaemonService, stopping: threading.Event) -> None:
+    def __init__(self, service: DaemonService, stopping: threading.Event, *,
+                 max_streams: int = 256) -> None:
+        #: open LookupStream calls allowed at once (each holds a handler thread)
+        self.max_streams = max_streams
         self.service = service
         self.stopping = stopping
         layout = service.store.layout
@@ -113,7 +116,13 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         with self._streams_lock:
             if self.stopping.is_set():
                 return
-            self._streams.add(context)
+            full = len(self._streams) >= self.max_streams
+            if not full:
+                self._streams.add(context)
+        if full:  # each stream holds a handler thread: past the limit, use unary Lookup
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.max_streams} lookup streams are open (daemon.max_sessions); "
+                          "use the unary Lookup call")
         try:
             for request in request_iterator:
                 try:
