@@ -218,7 +218,9 @@ class CudaTransfer(LayerTransfer):
         self._layers = layers  # (num_blocks, S) uint8 views per layer, on the GPU
         S = page_bytes // num_layers
         self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
-        self._load_stream = torch.cuda.Stream(self.device)
+        # loads gate the layers waiting for them, and their copy kernels share the SMs with the
+        # step's compute: a high-priority stream gets their thread blocks scheduled first
+        self._load_stream = torch.cuda.Stream(self.device, priority=-1)
         self._save_stream = torch.cuda.Stream(self.device)
         self.save_blocks = save_copy_blocks(self.device)
 

@@ -59,8 +59,7 @@ class LocalOwner:
 
     def on_hit(self, keys: Sequence[bytes]) -> None:
         with self._lock:
-            for k in keys:
-                self.policy.access(k)
+            self.policy.access_many(keys)
 
 
 __all__ = ["LocalOwner"]

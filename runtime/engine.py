@@ -363,6 +363,7 @@ class Engine:
             if not (bound and meta.loads) and any(ch.num_tokens > 1 for ch in chunks):
                 self._measure_prefill(sum(ch.num_tokens for ch in chunks),
                                       time.perf_counter() - t0)
+            self.scheduler.prepare_commits(chunks)  # while the GPU runs the step
             if bound:
                 assert conn is not None
                 self._wait_loads()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -86,6 +86,9 @@ class Request:
     num_computed_tokens: int = 0
     num_committed_blocks: int = 0
     block_keys: list[bytes] = field(default_factory=list)
+    #: ``(start, stop, metas)``: identities of the full blocks ``[start, stop)`` the running
+    #: step completes, built while the GPU runs it (``Scheduler.prepare_commits``).
+    pending_metas: tuple[int, int, list[Any]] | None = None
     #: True from admission until a chunk reaches the last token (then decode steps follow).
     in_prefill: bool = True
     generator: torch.Generator | None = None

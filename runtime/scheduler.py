@@ -392,13 +392,29 @@ class Scheduler:
             elif len(req.token_ids) - req.num_prompt_tokens >= req.params.max_tokens:
                 self._finish(req, "length")
 
+    def prepare_commits(self, chunks: list[ScheduledChunk]) -> None:
+        """Build the identities of the full blocks each chunk completes, for :meth:`update` to
+        commit: the engine calls this after launching a step's forward, so the per-block work
+        (a 32K-token load commits 2048 blocks) runs while the GPU does, not after it."""
+        if not self.config.enable_prefix_caching:
+            return
+        for ch in chunks:
+            req = ch.request
+            start = req.num_committed_blocks
+            stop = (req.num_computed_tokens + ch.num_tokens) // self.block_size
+            req.pending_metas = (start, stop, self._metas(req, start, stop)) if stop > start else None
+
     def _commit_full_blocks(self, req: Request) -> None:
+        pending, req.pending_metas = req.pending_metas, None
         if not self.config.enable_prefix_caching:
             return
         start, stop = req.num_committed_blocks, req.num_computed_tokens // self.block_size
         if stop <= start:
             return
-        metas = self._metas(req, start, stop)
+        if pending is not None and pending[:2] == (start, stop):
+            metas = pending[2]
+        else:  # not prepared (or the step was rolled back since)
+            metas = self._metas(req, start, stop)
         results = self.pool.commit(req.block_ids[start:stop], metas)
         waited = False
         for i, r in enumerate(results, start):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +73,7 @@ class StepGraphs:
         self.mode = mode
         self._pool_key: tuple[int, tuple[int, ...]] | None = None
         self._captured: dict[_Shape, _Graphs] = {}
-        self._mempool: object | None = None
+        self._mempool: Any = None  # torch.cuda.graph_pool_handle()
         self._bufs: dict[str, torch.Tensor] = {}
         #: Captures so far (every shape's first step), for tests and benches.
         self.num_captures = 0
@@ -127,18 +127,16 @@ class StepGraphs:
         self._mempool = None
         self._pool_key = key
         width = -(-self.model.config.max_position_embeddings // kv_pool.shape[3])
-        dev = kv_pool.device
-        i64 = dict(dtype=torch.int64, device=dev)
-        i32 = dict(dtype=torch.int32, device=dev)
+        dev, i64, i32 = kv_pool.device, torch.int64, torch.int32
         self._bufs = {
-            "input_ids": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
-            "positions": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
-            "slot_blocks": torch.full((MAX_TOKENS,), -1, **i64),  # type: ignore[arg-type]
-            "slot_offsets": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
-            "logits_indices": torch.zeros(MAX_TOKENS, **i64),  # type: ignore[arg-type]
-            "block_tables": torch.zeros((MAX_TOKENS, width), **i32),  # type: ignore[arg-type]
+            "input_ids": torch.zeros(MAX_TOKENS, dtype=i64, device=dev),
+            "positions": torch.zeros(MAX_TOKENS, dtype=i64, device=dev),
+            "slot_blocks": torch.full((MAX_TOKENS,), -1, dtype=i64, device=dev),
+            "slot_offsets": torch.zeros(MAX_TOKENS, dtype=i64, device=dev),
+            "logits_indices": torch.zeros(MAX_TOKENS, dtype=i64, device=dev),
+            "block_tables": torch.zeros((MAX_TOKENS, width), dtype=i32, device=dev),
             # a step's seq_lens [S] then its query_start_loc [S + 1]
-            "lens": torch.zeros(2 * MAX_TOKENS + 1, **i32),  # type: ignore[arg-type]
+            "lens": torch.zeros(2 * MAX_TOKENS + 1, dtype=i32, device=dev),
         }
 
     def _step(self, shape: _Shape, block_size: int) -> PagedStep:

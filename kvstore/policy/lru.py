@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
 from kvstore.policy.base import EvictionPolicy, IsPinned, Key, never_pinned
@@ -53,9 +53,12 @@ class LRUPolicy(EvictionPolicy):
 
     def access_many(self, keys: Sequence[Key]) -> None:
         order = self._order
-        for key in keys:
-            if key in order:
-                order.move_to_end(key)
+        try:  # every key tracked (a hit's blocks): the loop in C
+            deque(map(order.move_to_end, keys), maxlen=0)
+        except KeyError:  # one is not: moving the tracked ones again gives the same order
+            for key in keys:
+                if key in order:
+                    order.move_to_end(key)
 
     def __contains__(self, key: object) -> bool:
         return key in self._order
