@@ -5,9 +5,9 @@ the codec named in ``flags``). All integers little-endian::
 
     offset  size  field
     0       4     magic            b"KVPG"
-    4       2     record version   RECORD_VERSION (2)
+    4       2     record version   RECORD_VERSION (3)
     6       2     flags            low byte: payload codec (0 = raw); other bits reserved, must be 0
-    8       4     header_bytes     120 + 4 * num_tokens (the whole header)
+    8       4     header_bytes     132 + 4 * num_tokens (the whole header)
     12      16    namespace id     Namespace.seed
     28      8     layout fingerprint
     36      16    key
@@ -18,8 +18,10 @@ the codec named in ``flags``). All integers little-endian::
     88      4     reserved, 0
     92      4*n   token ids        int32le
     92+4n   4     reserved, 0
-    96+4n   8     header checksum  xxh3_64 of every header byte before it
-    104+4n  16    MAC              keyed BLAKE3 of every header byte before it, then the payload
+    96+4n   12    nonce            random, fresh for every record written
+    108+4n  8     header checksum  xxh3_64 of every header byte before it
+    116+4n  16    MAC              AES-256-GMAC (the nonce) of every header byte before it, then
+                                   the payload
 
 Reading verifies everything against what was asked for: magic, version, header checksum, the
 namespace, layout and key asked for, that ``key == xxh3_128(parent || tokens)``, the payload
@@ -29,10 +31,16 @@ deserialised.
 
 The checksums tell damage from forgery and reject garbage early; only the MAC authenticates.
 A verified read hashes its payload once (the MAC); writes compute both.
-It is BLAKE3 in keyed mode, its key derived from the deployment's secret
-(``derive_key("kvstore record MAC v2", secret)``), over the header and the *stored payload
-itself* — never over a digest of it — truncated to 16 bytes. :class:`RecordMac` is the one
-implementation: the disk and Redis tiers use it, and the daemon's wire is to use it as is.
+It is GMAC: AES-256-GCM under the record's nonce, with no plaintext and every header byte before
+the tag, then the *stored payload itself* (never a digest of it), as associated data; its tag
+is 16 bytes. The key is derived from the deployment's secret
+(BLAKE3 ``derive_key("kvstore record MAC v3", secret)``); the nonce is 12 random bytes per record
+(``os.urandom``), so a key sees colliding nonces only after some 2^32 records' worth of birthday
+bound, and a forger may pick any nonce without that helping them. GMAC rather than keyed BLAKE3
+(records v2): on AES-NI/VAES and carry-less multiply it runs at 15-19 GB/s on one core of the
+2-core machine against BLAKE3's 5.9, and the MAC was what held the Redis and disk tiers below
+LMCache's unauthenticated adapters. :class:`RecordMac` is the one implementation: the disk and
+Redis tiers use it, and the daemon's wire is to use it as is.
 Without a secret the key is derived from the empty string: a public key, so the MAC is then an
 integrity check only, and anyone who can write a shared tier can forge records.
 
@@ -43,17 +51,12 @@ as soon as it arrived while the calling thread receives the next. Same MAC, same
 results: only the thread that computes them differs. By default (:func:`default_mac_threads`)
 the pool has ``min(MAX_MAC_THREADS, cores // 2)`` threads from ``PARALLEL_MIN_CORES`` usable
 cores up, else none (hashing stays on the calling thread, fed while the bytes arrive); a tier's
-``mac_threads`` setting overrides it (0: none). blake3's own multithreading
-(``max_threads=AUTO``) is not used: measured on the 2-core machine it is slower than one thread
-for 256 KiB..8 MiB inputs (6.3-6.6 vs 6.6-6.7 GB/s at 2 MiB) and only pays from ~32 MiB (8.8 vs
-6.8 GB/s), far above a page; across pages the pool scales instead (``python -m bench.mac``
-measures both). blake3 releases the GIL while it hashes a large input, so the pool's threads
-hash at once (64 x 2 MiB on 2 threads: 5.1-5.9 GB/s against 3.3-5.6 on one, on a shared
-machine).
+``mac_threads`` setting overrides it (0: none); ``python -m bench.mac`` measures the pool at
+several thread counts.
 
-Version 1 records (no MAC) read as a miss counted under ``version``. The record version is
-separate from ``layout.FORMAT_VERSION``, which versions keys and fingerprints: adding the MAC
-changes no key.
+Records of versions 1 (no MAC) and 2 (keyed BLAKE3) read as a miss counted under ``version``:
+after an upgrade a disk tier's old pages are recomputed once. The record version is separate
+from ``layout.FORMAT_VERSION``, which versions keys and fingerprints: the MAC changes no key.
 """
 
 from __future__ import annotations
@@ -69,22 +72,26 @@ from typing import Any, NoReturn
 
 import blake3
 import xxhash
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from kvstore.errors import InvalidArgument, RecordError
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 
 MAGIC = b"KVPG"
-#: Version of the record header (2: the MAC). Independent of keys (``layout.FORMAT_VERSION``).
-RECORD_VERSION = 2
-#: Bytes of the MAC at the end of the header: 128 bits, as HMAC-SHA256-128 or Poly1305.
+#: Version of the record header (3: GMAC with a per-record nonce; 2 was keyed BLAKE3).
+#: Independent of keys (``layout.FORMAT_VERSION``).
+RECORD_VERSION = 3
+#: Bytes of the MAC at the end of the header: GCM's full 128-bit tag.
 TAG_BYTES = 16
+#: Bytes of the per-record nonce (GCM's 96-bit IV).
+NONCE_BYTES = 12
 #: Shortest deployment secret accepted (bytes).
 MIN_SECRET_BYTES = 16
-MAC_CONTEXT = "kvstore record MAC v2"  # BLAKE3 derive_key context of the MAC key
+MAC_CONTEXT = "kvstore record MAC v3"  # BLAKE3 derive_key context of the AES-256 MAC key
 _FIXED = struct.Struct("<4sHHI16s8s16s16sQQII")  # 92 bytes, up to the token ids
-_TAIL = struct.Struct("<IQ")  # reserved + header checksum; then the tag
-assert _FIXED.size == 92 and _TAIL.size == 12
+_TAIL = struct.Struct("<I12sQ")  # reserved, nonce, header checksum; then the tag
+assert _FIXED.size == 92 and _TAIL.size == 24
 
 #: Reasons a record can fail verification; each is a counter label.
 REASONS = (
@@ -111,8 +118,25 @@ def payload_checksum(payload: Any) -> int:
     return xxhash.xxh3_64_intdigest(payload)
 
 
+class _Gmac:
+    """One record's MAC in progress: AES-256-GCM under its nonce, fed associated data only."""
+
+    __slots__ = ("_enc",)
+
+    def __init__(self, key: bytes, nonce: bytes) -> None:
+        self._enc = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+
+    def update(self, data: Any) -> None:
+        self._enc.authenticate_additional_data(data)
+
+    def tag(self) -> bytes:
+        self._enc.finalize()
+        return bytes(self._enc.tag)
+
+
 class RecordMac:
-    """The MAC of records: BLAKE3 keyed with ``derive_key(MAC_CONTEXT, secret)``.
+    """The MAC of records: GMAC (AES-256-GCM, no plaintext) keyed with
+    ``derive_key(MAC_CONTEXT, secret)``, under each record's nonce.
 
     ``secret``: the deployment's secret (at least ``MIN_SECRET_BYTES``), or None for the public
     key (integrity only). Immutable and thread-safe; each record gets its own hasher. The secret
@@ -139,14 +163,16 @@ class RecordMac:
         self.authenticated = secret is not None
 
     def begin(self, signed: Any) -> Any:
-        """A hasher fed with ``signed`` (the header bytes before the tag); feed it the payload
-        with ``update``, then :meth:`tag`."""
-        h = blake3.blake3(key=self._key)
-        h.update(signed)
+        """A hasher fed with ``signed`` (the header bytes before the tag, whose last 20 bytes
+        are the nonce and the header checksum); feed it the payload with ``update``, then
+        :meth:`tag`."""
+        view = memoryview(signed).cast("B")
+        h = _Gmac(self._key, bytes(view[-8 - NONCE_BYTES: -8]))
+        h.update(view)
         return h
 
     def tag(self, hasher: Any) -> bytes:
-        return bytes(hasher.digest(TAG_BYTES))
+        return hasher.tag()  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"RecordMac(authenticated={self.authenticated})"
@@ -213,7 +239,7 @@ def pack_header(
         layout.block_size,
         0,
     )
-    body = head + meta.token_ids + b"\0\0\0\0"
+    body = head + meta.token_ids + b"\0\0\0\0" + os.urandom(NONCE_BYTES)
     signed = body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
     h = mac.begin(signed)
     h.update(view)
@@ -417,6 +443,7 @@ __all__ = [
     "MAGIC",
     "MAX_MAC_THREADS",
     "MIN_SECRET_BYTES",
+    "NONCE_BYTES",
     "PARALLEL_MIN_CORES",
     "REASONS",
     "RECORD_VERSION",

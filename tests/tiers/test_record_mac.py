@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 LAYOUT = KVLayout(2, 2, 64, 16, "float16")  # 16 KiB pages: straight to disk under O_DIRECT
 SECRET_A = b"deployment-A-secret-0123456789abcdef"
 SECRET_B = b"deployment-B-secret-0123456789abcdef"
-_HDR_CSUM = 96 + 4 * LAYOUT.block_size  # offset of the header checksum (record.py)
+_HDR_CSUM = 108 + 4 * LAYOUT.block_size  # offset of the header checksum (record.py)
 
 
 def pages(n: int, seed: int) -> np.ndarray:

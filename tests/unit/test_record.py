@@ -10,6 +10,7 @@ import xxhash
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -49,7 +50,7 @@ def _decode(
 def test_round_trip(record, layout, ns) -> None:
     buf, key, payload = record
     assert _decode(buf, layout, ns, key) == payload
-    assert len(buf) == header_bytes(layout) + layout.page_bytes == 120 + 4 * 4 + 256
+    assert len(buf) == header_bytes(layout) + layout.page_bytes == 132 + 4 * 4 + 256
 
 
 @given(bit=st.integers(min_value=0))
@@ -158,7 +159,7 @@ def _recompute_checksums(rec: bytearray, layout: KVLayout) -> None:
     """What anyone can do: fix both xxh3 checksums after changing the record."""
     hb, n = header_bytes(layout), layout.block_size
     struct.pack_into("<Q", rec, 76, xxhash.xxh3_64_intdigest(bytes(rec[hb:])))
-    struct.pack_into("<Q", rec, 96 + 4 * n, xxhash.xxh3_64_intdigest(bytes(rec[: 96 + 4 * n])))
+    struct.pack_into("<Q", rec, 108 + 4 * n, xxhash.xxh3_64_intdigest(bytes(rec[: 108 + 4 * n])))
 
 
 def test_forged_payload_with_recomputed_checksums_fails_the_mac(record, layout, ns) -> None:
@@ -186,18 +187,39 @@ def test_record_of_another_secret_fails_the_mac(record, layout, ns, other) -> No
     assert _decode(public, layout, ns, key, RecordMac(other)) == payload
 
 
-def test_the_mac_is_keyed_blake3_over_header_and_payload(record, layout) -> None:
-    """The spec (README): tag = BLAKE3 keyed with derive_key("kvstore record MAC v2", secret),
-    over every header byte before the tag, then the stored payload; its first 16 bytes."""
+def test_the_mac_is_aes_gmac_over_header_and_payload(record, layout) -> None:
+    """The spec (README): tag = AES-256-GCM keyed with BLAKE3 derive_key("kvstore record MAC
+    v3", secret), under the record's nonce (header bytes 96+4n..108+4n), no plaintext, every
+    header byte before the tag then the stored payload as associated data."""
     buf, _, payload = record
-    hb = header_bytes(layout)
-    key = blake3.blake3(SECRET, derive_key_context="kvstore record MAC v2").digest()
-    expect = blake3.blake3(buf[: hb - TAG_BYTES] + payload, key=key).digest(TAG_BYTES)
+    hb, n = header_bytes(layout), layout.block_size
+    nonce = buf[96 + 4 * n: 108 + 4 * n]
+    key = blake3.blake3(SECRET, derive_key_context="kvstore record MAC v3").digest()
+    expect = AESGCM(key).encrypt(nonce, b"", buf[: hb - TAG_BYTES] + payload)
     assert buf[hb - TAG_BYTES : hb] == expect
-    public = blake3.blake3(b"", derive_key_context="kvstore record MAC v2").digest()
+    public = blake3.blake3(b"", derive_key_context="kvstore record MAC v3").digest()
     buf2 = encode_header(parse_header(buf, layout).meta(), layout, payload, RecordMac(None))
-    assert buf2[-TAG_BYTES:] == blake3.blake3(
-        buf2[:-TAG_BYTES] + payload, key=public).digest(TAG_BYTES)
+    assert buf2[-TAG_BYTES:] == AESGCM(public).encrypt(
+        buf2[96 + 4 * n: 108 + 4 * n], b"", buf2[:-TAG_BYTES] + payload)
+
+
+def test_every_record_gets_its_own_nonce(record, layout) -> None:
+    """Two records of the same page never share a nonce (GMAC's security rests on it)."""
+    buf, _, payload = record
+    n = layout.block_size
+    meta = parse_header(buf, layout).meta()
+    nonces = {encode_header(meta, layout, payload, MAC)[96 + 4 * n: 108 + 4 * n]
+              for _ in range(64)}
+    assert len(nonces) == 64 and buf[96 + 4 * n: 108 + 4 * n] not in nonces
+
+
+def test_a_version_2_record_reads_as_a_version_miss(record, layout, ns) -> None:
+    buf, key, _ = record
+    old = bytearray(buf)
+    struct.pack_into("<H", old, 4, 2)
+    with pytest.raises(RecordError) as info:
+        _decode(bytes(old), layout, ns, key)
+    assert info.value.reason == "version"
 
 
 def test_streaming_digest_agrees_with_the_whole_payload(record, layout) -> None:
