@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: run the `-m gpu` tests and every GPU-relevant bench, and write
 # results under $OUT (the device tool brings them back; copy them to bench/results/).
-# BENCHES="transfer|ttft" runs some benches only; GPU_TESTS=tests/gpu/x.py some tests only.
+# BENCHES="transfer|ttft" runs some benches only (BENCHES="" none); GPU_TESTS=tests/gpu/x.py some
+# tests only.
 # The GPU machine has its own Python and torch and no package index: missing wheels travel in
 # .whl/ (see the device tool's README) and are installed to /tmp/site.
 set -uo pipefail
@@ -26,10 +27,10 @@ KVSTORE_NATIVE=1 python3 -c 'import torch; from kvstore.ops import copy_rows_nat
 # the -m gpu tests live in tests/gpu and tests/connector (the rest needs packages, such as the
 # daemon's grpc health service, that the GPU machine lacks)
 python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/gpu tests/connector} -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
-BENCHES=${BENCHES:-"transfer|tiers --tier host|tiers --tier disk|lookup|ttft|decode"}
+BENCHES=${BENCHES-"transfer|tiers --tier host|tiers --tier disk|lookup|ttft|decode"}  # "": none
 IFS='|' read -ra list <<< "$BENCHES"
 : > "$OUT/recorded.txt"
-for b in "${list[@]}"; do
+for b in "${list[@]+"${list[@]}"}"; do
     python3 -m bench.$b --json --record 2>>"$OUT/bench-stderr.txt" | tee -a "$OUT/bench.jsonl" || rc=1
 done
 # only the results this call recorded (the device tool brings back a few files per call)
