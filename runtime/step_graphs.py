@@ -100,17 +100,15 @@ class StepGraphs:
             num_splits=num_splits_for(q_blocks, cfg.num_kv_heads, max(meta.seq_lens),
                                       kv_pool.device),
         )
-        step = self._step(shape, meta.block_size)
-        bodies = self._bodies(shape, step, kv_pool)
         num_logits = len(meta.logits_indices)
         if self.mode == "eager":
             self._fill(batch, shape)
-            logits = self._walk(bodies, hooks)
+            logits = self._walk(self._bodies(shape, meta.block_size, kv_pool), hooks)
             assert logits is not None
             return logits[:num_logits].clone()
         graphs = self._captured.get(shape)
-        if graphs is None:
-            graphs = self._capture(shape, bodies)
+        if graphs is None:  # the step's pieces are built only to be captured
+            graphs = self._capture(shape, self._bodies(shape, meta.block_size, kv_pool))
         self._fill(batch, shape)
         self._walk([g.replay for g in graphs.graphs], hooks)
         return graphs.logits[:num_logits].clone()
@@ -179,7 +177,7 @@ class StepGraphs:
 
     # -- the step's pieces -------------------------------------------------------------------
 
-    def _bodies(self, shape: _Shape, step: PagedStep, kv_pool: torch.Tensor
+    def _bodies(self, shape: _Shape, block_size: int, kv_pool: torch.Tensor
                 ) -> list[Callable[[], torch.Tensor | None]]:
         """The step as ``num_layers + 2`` closures over the buffers; each returns its output
         tensor, which the next reads (captured: the graph's own output). A layer is the
@@ -187,6 +185,7 @@ class StepGraphs:
         and the residual stream carried unnormalised, as vLLM does."""
         model, b = self.model, self._bufs
         cfg = model.config
+        step = self._step(shape, block_size)
         layers = cast("list[DecoderLayer]", list(model.model.layers))
         heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         eps, scale = cfg.rms_norm_eps, cfg.head_dim ** -0.5

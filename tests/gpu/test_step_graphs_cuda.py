@@ -13,17 +13,17 @@ import random
 import pytest
 import torch
 
-from connector import InProcessScheduler, InProcessWorker
-from kvstore.keys import Namespace
-from kvstore.metrics import Metrics
-from kvstore.store import TieredStore
-from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.host import HostTier
 from runtime import LlamaForPagedLM, SeqInput, allocate_kv_pool, build_batch, get_model_config
 from runtime.attention import make_attention_backend
 from runtime.attention.paged import attention, step_from_meta
-from runtime.engine import Engine
-from tests.runtime.test_engine_connector import GREEDY, clear_hbm, make_engine, prompt, tokens
+from tests.runtime.test_engine_connector import (
+    GREEDY,
+    clear_hbm,
+    make_disk_engine,
+    make_engine,
+    prompt,
+    tokens,
+)
 
 pytestmark = pytest.mark.gpu
 BS = 16
@@ -120,20 +120,11 @@ def test_float32_graphs_keep_the_reference_logits() -> None:
 def _tier_tokens(model: LlamaForPagedLM, tmp_path) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """Greedy tokens of one prompt computed, then hit in hbm, host and disk; then six prompts
     sharing a host prefix through a pool small enough to preempt."""
-    from kvstore.tiers.disk import DiskTier
-
     out: list[list[int]] = []
-    layout = model.config.kv_layout(BS)
-    m = Metrics()
-    pool = HBMTier("hbm", layout, 32, m, device="cuda")
-    host = HostTier("host", layout, 16, m)
-    disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False,
-                    durability="none")
-    store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[arg-type]
-    ns = Namespace("test/tiny/7", layout)
-    engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
-                                                InProcessWorker(store)))
-    engine.store = store
+    engine = make_disk_engine(model, tmp_path)
+    store = engine.store
+    assert store is not None
+    host = store.tier("host")
     p = prompt(random.Random(9), 53)
     out += tokens(engine.generate([p], GREEDY))  # computed
     out += tokens(engine.generate([p], GREEDY))  # hbm

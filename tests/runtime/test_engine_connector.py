@@ -49,6 +49,24 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, host_pages: int = 
     return engine
 
 
+def make_disk_engine(model: LlamaForPagedLM, tmp_path) -> Engine:  # type: ignore[no-untyped-def]
+    """An engine whose store is [hbm 32, host 16, disk 32 in ``tmp_path``] (write-back), with an
+    in-process connector: pages evicted from host go to disk and load back through host."""
+    from kvstore.tiers.disk import DiskTier
+
+    layout = model.config.kv_layout(BS)
+    m = Metrics()
+    pool = HBMTier("hbm", layout, 32, m, device=device_of(model))
+    host = HostTier("host", layout, 16, m)
+    disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, durability="none")
+    store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[arg-type]
+    ns = Namespace("test/tiny/7", layout)
+    engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
+                                                InProcessWorker(store)))
+    engine.store = store
+    return engine
+
+
 def device_of(model: LlamaForPagedLM) -> torch.device:
     """The pool goes where the model is (tests/gpu reruns this module's tests on CUDA)."""
     return next(model.parameters()).device
@@ -275,18 +293,10 @@ def test_from_config_builds_the_connector() -> None:
 
 
 def test_prefix_from_disk_loads_through_host(model: LlamaForPagedLM, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from kvstore.tiers.disk import DiskTier
-
-    layout = model.config.kv_layout(BS)
-    m = Metrics()
-    pool = HBMTier("hbm", layout, 32, m, device=device_of(model))
-    host = HostTier("host", layout, 16, m)
-    disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, durability="none")
-    store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[arg-type]
-    ns = Namespace("test/tiny/7", layout)
-    engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
-                                                InProcessWorker(store)))
-    engine.store = store
+    engine = make_disk_engine(model, tmp_path)
+    store, ns = engine.store, engine.namespace
+    assert store is not None
+    host, disk = store.tier("host"), store.tier("disk")
     p = prompt(random.Random(9), 53)
     (ref,) = reference(model, [p])
     assert tokens(engine.generate([p], GREEDY)) == [ref]
