@@ -8,9 +8,10 @@ scattered over a page-first pool on the GPU and the host tier's pinned slab in s
 
 * **load** -- host slab -> GPU pool: one scatter kernel per layer (``csrc/copy_rows.cu``) on the
   connector's load stream, what a host hit does;
-* **save** -- GPU pool -> the host slots a save reserved (``store.prepare_store``), per layer on
-  the save stream: one kernel writes every block's layer into its slot through UVA; into one run
-  of adjacent slots (a fresh slab) and into slots shuffled over the slab (an aged one);
+* **save** -- GPU pool -> the host slots a save reserved (``store.prepare_store``), as the
+  worker saves after a step's last layer: whole pages on the save stream, one DMA per run of
+  adjacent blocks and slots (here the blocks are shuffled: one DMA per page); into one run of
+  adjacent slots (a fresh slab) and into slots shuffled over the slab (an aged one);
 * **per-slice copies** -- the same load as one ``copy_`` per (page, layer) slice (the torch
   reference, what an engine without a gather kernel does), on a slice of the pages;
 * **baseline** -- one contiguous pinned ``copy_`` of the same bytes in the same direction: the
@@ -87,9 +88,12 @@ def main(argv: list[str] | None = None) -> None:
         buf = xfer.new_save(block_ids, save_slots)
 
         def save() -> None:
-            for lyr in range(L):
-                xfer.begin_save_layer(lyr)
-                xfer.save_layer(buf, lyr)
+            if xfer.saves_whole_pages:  # as the worker does: whole pages after the last layer
+                xfer.save_pages(buf)
+            else:
+                for lyr in range(L):
+                    xfer.begin_save_layer(lyr)
+                    xfer.save_layer(buf, lyr)
             xfer.mark_saved(buf)
             xfer.wait_saved(buf)
         return save
@@ -144,15 +148,17 @@ def main(argv: list[str] | None = None) -> None:
     case = f"{'llama3-8b' if gpu else 'cpu'}/{n}-pages"
     kernel = (f"copy_rows kernel, {copy_rows_blocks(device)} blocks" if copy_rows_native_active()
               else "reference") if gpu else "memcpy per slice"
+    save_how = ("whole pages, one DMA per run" if xfer.saves_whole_pages
+                else f"copy_rows kernel, {xfer.save_blocks} blocks") if gpu else kernel
     lines = [
         measurement("transfer", case, f"load ({kernel})", "throughput", gbs(t_load), "GB/s",
                     baseline=f"{base_name} (host->{device.type})", baseline_value=gbs(t_h2d)),
         measurement("transfer", case,
-                    f"save into reserved slots ({f'copy_rows kernel, {xfer.save_blocks} blocks' if gpu else kernel})",
+                    f"save into reserved slots ({save_how})",
                     "throughput", gbs(t_save), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
         measurement("transfer", case,
-                    f"save into scattered slots ({f'copy_rows kernel, {xfer.save_blocks} blocks' if gpu else kernel})",
+                    f"save into scattered slots ({save_how})",
                     "throughput", gbs(t_scatter), "GB/s",
                     baseline=f"{base_name} ({device.type}->host)", baseline_value=gbs(t_d2h)),
     ]

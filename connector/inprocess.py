@@ -413,7 +413,6 @@ class _SaveJob:
     spec: SaveSpec
     handle: StoreHandle  # the host slots reserved for the pages host does not hold yet
     buf: SaveBuffer
-    layers_saved: set[int] = field(default_factory=set)
 
 
 class InProcessWorker(KVConnectorWorker):
@@ -474,7 +473,8 @@ class InProcessWorker(KVConnectorWorker):
         self._lock = threading.Lock()
         self._meta: ConnectorMetadata | None = None
         self._step_loads: list[_LoadJob] = []
-        self._step_saves: list[_SaveJob] = []
+        self._step_saves: list[_SaveJob] | None = []  # None: bound, not yet reserved
+        self._step_layers: set[int] = set()  # layers save_kv_layer saw this step
         self._jobs: list[_LoadJob] = []  # loads not yet reported
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvconnector-save")
         # threads for loads from host, kept (starting a thread per load costs the engine thread
@@ -527,13 +527,36 @@ class InProcessWorker(KVConnectorWorker):
         assert self._xfer is not None
         self._meta = meta
         self._step_loads = []
-        self._step_saves = [self._reserve(s) for s in meta.saves]
-        short = sum(j.handle.refused > 0 for j in self._step_saves)
+        # host slots are reserved at the first save_kv_layer that needs them, not here: a
+        # reservation may evict host pages, and the engine binds before it queues the step's
+        # forward -- there it would delay the GPU; in a hook the GPU is busy meanwhile
+        self._step_saves = None
+        self._step_layers = set()
         with self._lock:
-            self._abandoned += short  # host had no room for some pages: they are not saved
             for s in meta.saves:
                 self._inflight[s.request_id] += 1
                 self._tracked.add(s.request_id)
+
+    def _reserve_step_saves(self) -> list[_SaveJob]:
+        """This step's save jobs, reserving their host slots on the first call."""
+        if self._step_saves is None:
+            assert self._meta is not None
+            jobs: list[_SaveJob] = []
+            for spec in self._meta.saves:
+                try:
+                    jobs.append(self._reserve(spec))
+                except Exception:  # noqa: BLE001 - a save that can't start is a later miss
+                    self._drop_unreserved(spec)
+            short = sum(j.handle.refused > 0 for j in jobs)
+            with self._lock:
+                self._abandoned += short  # host had no room for some pages: they are not saved
+            self._step_saves = jobs
+        return self._step_saves
+
+    def _drop_unreserved(self, spec: SaveSpec) -> None:
+        with self._lock:
+            self._abandoned += 1
+            self._inflight[spec.request_id] -= 1
 
     def _reserve(self, spec: SaveSpec) -> _SaveJob:
         handle = self.store.prepare_store(spec.metas, tier=self._host_name)
@@ -543,11 +566,15 @@ class InProcessWorker(KVConnectorWorker):
         return _SaveJob(spec, handle, buf)
 
     def clear_connector_metadata(self) -> None:
-        L = self.layout.num_layers
-        for job in self._step_saves:
-            if len(job.layers_saved) < L:
-                self._abandon(job)
+        if self._meta is not None and len(self._step_layers) < self.layout.num_layers:
+            if self._step_saves is None:
+                for spec in self._meta.saves:
+                    self._drop_unreserved(spec)
+            else:
+                for job in self._step_saves:
+                    self._abandon(job)
         self._meta, self._step_loads, self._step_saves = None, [], []
+        self._step_layers = set()
 
     # ----------------------------------------------------------------- loads
 
@@ -683,16 +710,29 @@ class InProcessWorker(KVConnectorWorker):
         self._check_layer(layer)
         if self._meta is None:
             raise InvalidArgument("no plan bound", hint="call bind_connector_metadata first")
-        if any(layer in j.layers_saved for j in self._step_saves):
+        if layer in self._step_layers:
             raise InvalidArgument(f"layer {layer} was already saved this step")
+        self._step_layers.add(layer)
+        if not self._meta.saves:
+            return
         L, xfer = self.layout.num_layers, self._xfer
         assert xfer is not None
-        if self._step_saves:
+        done = len(self._step_layers) == L
+        if xfer.saves_whole_pages:
+            # one copy of whole pages once every layer is written (DMA: no SMs taken from the
+            # compute it overlaps); nothing to do before that
+            if done:
+                for job in self._reserve_step_saves():
+                    xfer.save_pages(job.buf)
+                    xfer.mark_saved(job.buf)
+                    self._saver.submit(self._put, job)
+            return
+        jobs = self._reserve_step_saves()
+        if jobs:
             xfer.begin_save_layer(layer)
-        for job in self._step_saves:
-            job.layers_saved.add(layer)
+        for job in jobs:
             xfer.save_layer(job.buf, layer)
-            if len(job.layers_saved) == L:
+            if done:
                 xfer.mark_saved(job.buf)
                 self._saver.submit(self._put, job)
 

@@ -15,9 +15,10 @@ Both transfers have one shape, driven by :class:`~connector.inprocess.InProcessW
                    the load thread only runs finish_load)
     engine thread: wait_layer(ctx, l)               # after the Event: compute may read layer l
     engine thread: buf = new_save(block_ids, slots)  # slots: reserved by store.prepare_store
-                   begin_save_layer(l); save_layer(buf, l) per save, after attention wrote l
-                   after the last layer: mark_saved(buf) -> save thread: wait_saved(buf);
-                   store.complete_store
+                   layer by layer: begin_save_layer(l); save_layer(buf, l) per save, after
+                   attention wrote l; or, where ``saves_whole_pages`` (a page-first CUDA
+                   cache): save_pages(buf) once, after the last layer
+                   then: mark_saved(buf) -> save thread: wait_saved(buf); store.complete_store
     engine thread: wait_for_save()                  # blocks may be overwritten after this
 
 CUDA ordering (never blocking the engine thread on a copy):
@@ -25,10 +26,12 @@ CUDA ordering (never blocking the engine thread on a copy):
 * a load's stream first waits for the work the engine queued before ``start_load_kv`` (its
   blocks may still be read by earlier kernels), then runs one scatter per layer and records an
   event per layer; ``wait_layer`` makes the engine's current stream wait on that event;
-* a save of layer ``l`` records an event on the engine's stream right after the layer's
-  attention; the save stream waits on it and moves the layer of every block straight into its
-  reserved host slot and, after the last layer, records the event that ``complete_store`` (on
-  the save thread) synchronises on;
+* a save records an event on the engine's stream after the step's last layer; the save stream
+  waits on it and moves whole pages into their reserved host slots, one DMA per run of adjacent
+  blocks and slots (the copy engine: no SM is taken from the compute it overlaps; many short
+  runs take one copy kernel instead), then records the event that ``complete_store`` (on the
+  save thread) synchronises on. A cache that is not page-first (vLLM's per-layer tensors) saves
+  layer by layer: one kernel per layer with few thread blocks, after that layer's attention;
 * ``wait_for_save`` makes the engine's stream wait for the save stream: later writes to the
   saved blocks are ordered after the gathers.
 """
@@ -67,6 +70,9 @@ class LayerTransfer(ABC):
     #: Copies are queued, not run, by load_layer: the engine thread queues a host load itself
     #: (cheap, and no load thread contends for the GIL while the engine launches its kernels).
     queue_on_caller: bool = False
+    #: A save moves whole pages once, after the step's last layer (:meth:`save_pages`), instead
+    #: of one layer at a time (:meth:`begin_save_layer` / :meth:`save_layer`).
+    saves_whole_pages: bool = False
 
     @abstractmethod
     def gate(self) -> Any:
@@ -99,6 +105,11 @@ class LayerTransfer(ABC):
 
     @abstractmethod
     def save_layer(self, buf: SaveBuffer, layer: int) -> None: ...
+
+    def save_pages(self, buf: SaveBuffer) -> None:
+        """Engine thread, after the step's last layer: move every layer of ``buf``'s blocks
+        (only where :attr:`saves_whole_pages`)."""
+        raise NotImplementedError(f"{type(self).__name__} saves layer by layer")
 
     @abstractmethod
     def mark_saved(self, buf: SaveBuffer) -> None:
@@ -197,12 +208,13 @@ class CudaTransfer(LayerTransfer):
 
     Loads: one scatter kernel per layer reads the host slab through UVA with a few thread blocks
     (it overlaps the layers that compute meanwhile). Saves go straight into the host slots the
-    store reserved (``prepare_store``), with no staging copy: per layer, the same kernel writes
-    the layer of every saved block into its slot through UVA, wherever the slots lie, with
-    fewer thread blocks still (``kvstore.ops.save_copy_blocks``): a save overlaps the prefill
-    that produces its layers and only has to keep pace with it. (A gather into GPU scratch plus one 2-D DMA per run of adjacent
-    slots, double-buffered, reached 0.87 of the link on the H200 against 0.95 for the kernel:
-    the DMA of 64 KiB rows at a 2 MiB pitch is slower than a contiguous one.)"""
+    store reserved (``prepare_store``), with no staging copy. Of a page-first cache, whole
+    pages after the step's last layer, by DMA (see the module docstring): a save's kernel,
+    however few its thread blocks, slowed the prefill it overlapped (H200, 4K-token prompts:
+    the store's no-reuse TTFT 0.955 of none with the kernel). Of per-layer caches, per layer
+    with the same kernel as loads and fewer thread blocks (``kvstore.ops.save_copy_blocks``).
+    (A gather into GPU scratch plus one 2-D DMA of 64 KiB rows at a 2 MiB pitch per layer
+    reached only 0.87 of the link: whole pages are one contiguous DMA per run.)"""
 
     queue_on_caller = True
 
@@ -217,7 +229,10 @@ class CudaTransfer(LayerTransfer):
         self._L, self._page_bytes = num_layers, page_bytes
         self._layers = layers  # (num_blocks, S) uint8 views per layer, on the GPU
         S = page_bytes // num_layers
+        self._slab = slab
         self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
+        self._pages = _whole_pages(layers, page_bytes)
+        self.saves_whole_pages = self._pages is not None
         # loads gate the layers waiting for them, and their copy kernels share the SMs with the
         # step's compute: a high-priority stream gets their thread blocks scheduled first
         self._load_stream = torch.cuda.Stream(self.device, priority=-1)
@@ -268,6 +283,23 @@ class CudaTransfer(LayerTransfer):
         copy_rows(self._slab_layers[layer], self._layers[layer], st.slot_idx, st.block_idx,
                   max_blocks=self.save_blocks, stream=self._save_stream.cuda_stream)
 
+    def save_pages(self, buf: SaveBuffer) -> None:
+        if not buf.block_ids:
+            return
+        assert self._pages is not None
+        self.begin_save_layer(self._L - 1)  # after the last layer's writes
+        runs = _runs(buf.block_ids, buf.slots)
+        pages, slab = self._pages, self._slab
+        if len(runs) <= _DMA_RUNS or len(buf.block_ids) * self._page_bytes >= len(runs) * _DMA_RUN_BYTES:
+            # the copy engine, one contiguous DMA per run: the prefill it overlaps keeps every SM
+            with torch.cuda.stream(self._save_stream):
+                for b, s, n in runs:
+                    slab[s: s + n].copy_(pages[b: b + n], non_blocking=True)
+        else:  # many short runs (small pages, scattered slots): one kernel, few thread blocks
+            st: _CudaSave = buf.state
+            copy_rows(slab, pages, st.slot_idx, st.block_idx, max_blocks=self.save_blocks,
+                      stream=self._save_stream.cuda_stream)
+
     def mark_saved(self, buf: SaveBuffer) -> None:
         ev = torch.cuda.Event()
         ev.record(self._save_stream)
@@ -279,6 +311,43 @@ class CudaTransfer(LayerTransfer):
 
     def wait_for_save(self) -> None:
         torch.cuda.current_stream(self.device).wait_stream(self._save_stream)
+
+
+# a whole-page save takes the copy engine (one DMA per run of adjacent blocks and slots) unless
+# its runs are many and short: then one kernel beats hundreds of small DMAs
+_DMA_RUNS = 64
+_DMA_RUN_BYTES = 1 << 20
+
+
+def _runs(block_ids: Sequence[int], slots: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first block, first slot, length) of each run where both advance by one."""
+    runs: list[tuple[int, int, int]] = []
+    b0 = s0 = n = -1
+    for b, s in zip(block_ids, slots):
+        if n > 0 and b == b0 + n and s == s0 + n:
+            n += 1
+            continue
+        if n > 0:
+            runs.append((b0, s0, n))
+        b0, s0, n = b, s, 1
+    if n > 0:
+        runs.append((b0, s0, n))
+    return runs
+
+
+def _whole_pages(layers: list[torch.Tensor], page_bytes: int) -> torch.Tensor | None:
+    """``(num_blocks, page_bytes)``: the blocks as whole pages, when the per-layer views are
+    the layers of one page-first buffer (layer ``l`` of block ``b`` at ``b * page_bytes + l *
+    S``); else None (per-layer caches, as vLLM allocates them, save layer by layer)."""
+    first = layers[0]
+    S = page_bytes // len(layers)
+    if first.dim() != 2 or first.stride() != (page_bytes, 1) or first.shape[1] != S:
+        return None
+    base = first.data_ptr()
+    for lyr, t in enumerate(layers):
+        if t.stride() != first.stride() or t.shape != first.shape or t.data_ptr() != base + lyr * S:
+            return None
+    return first.as_strided((first.shape[0], page_bytes), (page_bytes, 1))
 
 
 def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,

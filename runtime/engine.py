@@ -374,6 +374,8 @@ class Engine:
             if bound and conn is not None:
                 conn.worker.clear_connector_metadata()
         if chunks:
+            self.pool.note_queued_writes()
+            self.scheduler.commit_prepared(chunks, rolled)
             assert logits is not None
             sampled: dict[str, int] = {}
             row = 0

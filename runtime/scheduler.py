@@ -404,6 +404,24 @@ class Scheduler:
             stop = (req.num_computed_tokens + ch.num_tokens) // self.block_size
             req.pending_metas = (start, stop, self._metas(req, start, stop)) if stop > start else None
 
+    def commit_prepared(self, chunks: list[ScheduledChunk], skip: set[str]) -> None:
+        """Commit the full blocks :meth:`prepare_commits` identified, before the step's logits
+        are read: the engine calls this once the step's loads have landed (or failed; the
+        requests in ``skip`` were rolled back), while the GPU may still run the forward -- a
+        32K-token hit commits 2048 blocks, off the time to its first token. A reader of a
+        committed block is ordered after the queued writes (the engine's stream, the pool's
+        copy-outs wait for :meth:`~kvstore.tiers.hbm.HBMTier.note_queued_writes`)."""
+        for ch in chunks:
+            req = ch.request
+            pending = req.pending_metas
+            if pending is None:
+                continue
+            if req.request_id in skip or pending[0] != req.num_committed_blocks:
+                req.pending_metas = None  # rolled back, or stale: update decides
+                continue
+            req.pending_metas = None
+            self._commit(req, pending[0], pending[1], pending[2])
+
     def _commit_full_blocks(self, req: Request) -> None:
         pending, req.pending_metas = req.pending_metas, None
         if not self.config.enable_prefix_caching:
@@ -415,6 +433,9 @@ class Scheduler:
             metas = pending[2]
         else:  # not prepared (or the step was rolled back since)
             metas = self._metas(req, start, stop)
+        self._commit(req, start, stop, metas)
+
+    def _commit(self, req: Request, start: int, stop: int, metas: list[BlockMeta]) -> None:
         results = self.pool.commit(req.block_ids[start:stop], metas)
         waited = False
         for i, r in enumerate(results, start):

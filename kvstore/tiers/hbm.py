@@ -123,6 +123,7 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         self._free: deque[int] = deque(range(capacity_pages))  # allocate takes from the left
         self._bounce: _Bounce | None = None  # CUDA only, allocated on first use
         self._bounce_lock = threading.Lock()  # one tier copy through the bounce at a time
+        self._queued_writes: Any = None  # CUDA: an event after the engine's queued writes
 
     # ----------------------------------------------------------------- block manager API
 
@@ -178,6 +179,16 @@ class HBMTier(SlotReads, Tier, OwnedPool):
                 break
         with self._lock:
             return self._take(num_blocks)
+
+    def note_queued_writes(self) -> None:
+        """The engine is about to commit blocks that its queued work (on the calling thread's
+        stream) still writes: the tier's own copies out of the pool wait for that work. (A
+        copy-out already waits for the stream of the thread that asks for it; the engine may
+        run on another one.) Nothing to do on the CPU, where writes are done when queued."""
+        if self._host_view is None:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self._queued_writes = ev
 
     def commit(self, block_ids: Sequence[int], metas: Sequence[BlockMeta]) -> list[CommitResult]:
         """Publish held blocks whose K/V is final as prefix-cache entries under ``metas[i].key``.
@@ -407,7 +418,8 @@ class HBMTier(SlotReads, Tier, OwnedPool):
             bounce = self._cuda_bounce()
             for at in range(0, len(blocks), bounce.rows):
                 part = blocks[at : at + bounce.rows]
-                bounce.move(bounce.pages, self.pool_bytes, part, to_host=True)
+                bounce.move(bounce.pages, self.pool_bytes, part, to_host=True,
+                            after=self._queued_writes)
                 copy_spans([(out, bounce.host[i]) for i, out in enumerate(outs[at : at + len(part)])])
 
     def _scatter(self, blocks: list[int], pages: Sequence[np.ndarray]) -> None:
@@ -421,7 +433,8 @@ class HBMTier(SlotReads, Tier, OwnedPool):
             for at in range(0, len(blocks), bounce.rows):
                 part = blocks[at : at + bounce.rows]
                 copy_spans([(bounce.host[i], page) for i, page in enumerate(pages[at : at + len(part)])])
-                bounce.move(self.pool_bytes, bounce.pages, part, to_host=False)
+                bounce.move(self.pool_bytes, bounce.pages, part, to_host=False,
+                            after=self._queued_writes)
 
     def _cuda_bounce(self) -> _Bounce:
         if self._bounce is None:
@@ -501,12 +514,16 @@ class _Bounce:
         self.stream = torch.cuda.Stream(device)
         self._rows_idx = torch.arange(rows, dtype=torch.int64).pin_memory()
 
-    def move(self, dst: torch.Tensor, src: torch.Tensor, blocks: list[int], *, to_host: bool) -> None:
-        """``dst[rows] = src[blocks]`` (to_host) or ``dst[blocks] = src[rows]``; waits for it."""
+    def move(self, dst: torch.Tensor, src: torch.Tensor, blocks: list[int], *, to_host: bool,
+             after: torch.cuda.Event | None = None) -> None:
+        """``dst[rows] = src[blocks]`` (to_host) or ``dst[blocks] = src[rows]``; waits for it.
+        ``after``: an event the copy waits for too (the engine's queued writes)."""
         ids = torch.tensor(blocks, dtype=torch.int64).pin_memory()
         rows = self._rows_idx[: len(blocks)]
         # after the engine's queued work (pool blocks it wrote); the engine never waits on us
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        if after is not None:
+            self.stream.wait_event(after)
         with torch.cuda.stream(self.stream):
             if to_host:
                 copy_rows(dst, src, rows, ids, stream=self.stream.cuda_stream)

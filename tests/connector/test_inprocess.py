@@ -452,6 +452,34 @@ def test_incomplete_save_is_abandoned(host_store: TieredStore, ns: Namespace,
     rig.close()
 
 
+def test_a_step_that_ends_before_its_save_hooks_reserves_nothing(
+        host_store: TieredStore, ns: Namespace, clock: FakeClock) -> None:
+    """Host slots are reserved by the first save hook, not at bind (the engine binds before
+    it queues the forward): a step whose forward never ran leaves every slot free, counts the
+    save abandoned, and does not hold its request's blocks."""
+    rig = Rig(host_store, ns, clock)
+    host = host_store.staging_tier("host")
+
+    def free_slots() -> int:  # every slot a writer could reserve now
+        got = host.reserve(1 << 30)
+        host.unreserve(got)
+        return len(got)
+
+    tokens = tokens_for(N, rig.layout.block_size)
+    rig.fill([0, 1, 2, 3])
+    free_before = free_slots()
+    rig.sched.request_save("w", [0, 1, 2, 3], ns.chain(tokens).metas())
+    rig.worker.bind_connector_metadata(rig.sched.build_connector_meta())
+    assert free_slots() == free_before  # nothing reserved yet
+    rig.worker.clear_connector_metadata()
+    assert rig.worker.stats().saves_abandoned == 1
+    assert free_slots() == free_before
+    assert rig.sched.request_finished("w") is True
+    assert "w" in rig.worker.get_finished(["w"]).sending
+    host_store.check_integrity()
+    rig.close()
+
+
 def test_prefetch_timeout_and_page_deleted_during_copy_fail(
     host_store: TieredStore, ns: Namespace, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,11 +18,11 @@ NS = Namespace("save-slots", LAYOUT)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def pool_on(device: str) -> torch.Tensor:
+def pool_on(device: str, num_blocks: int = 32) -> torch.Tensor:
     if device == "cuda" and not torch.cuda.is_available():
         pytest.fail("-m gpu tests need a CUDA GPU")
     g = torch.Generator(device=device).manual_seed(3)
-    return torch.randn((32, *LAYOUT.page_shape), generator=g, device=device).bfloat16()
+    return torch.randn((num_blocks, *LAYOUT.page_shape), generator=g, device=device).bfloat16()
 
 
 def block(pool: torch.Tensor, b: int) -> np.ndarray:
@@ -30,7 +30,7 @@ def block(pool: torch.Tensor, b: int) -> np.ndarray:
 
 
 def save(store: TieredStore, pool: torch.Tensor, tokens: list[int], blocks: list[int]) -> InProcessWorker:
-    sched = InProcessScheduler(store, NS, num_blocks=32)
+    sched = InProcessScheduler(store, NS, num_blocks=pool.shape[0])
     worker = InProcessWorker(store)
     worker.register_kv_caches(KVCacheSpec.page_first(pool))
     sched.request_save("r", blocks, NS.chain(tokens).metas()[: len(blocks)])
@@ -92,5 +92,24 @@ def test_a_save_without_room_stores_what_fits(device: str) -> None:
     assert host.contains(held.keys[:2]) == [True, True]
     assert_stored(store, pool, tokens, [5, 6])
     store.release(pin)  # type: ignore[arg-type]
+    store.check_integrity()
+    store.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_short_runs_of_small_pages(device: str) -> None:
+    """More runs than a save gives the copy engine one DMA each (on CUDA: the kernel path),
+    every page landing in its own slot."""
+    host = HostTier("host", LAYOUT, 300, Metrics())
+    store = TieredStore(LAYOUT, [host])
+    filler = NS.chain(tokens_for(300, start=9000))
+    store.put(filler.metas(), np.zeros((300, LAYOUT.page_bytes), np.uint8))
+    store.delete(list(filler.keys[::2]))  # 150 free slots, none adjacent
+    pool = pool_on(device, num_blocks=160)
+    blocks = list(range(159, 9, -1))  # descending: no block run lines up with a slot run
+    tokens = tokens_for(len(blocks))
+    worker = save(store, pool, tokens, blocks)
+    assert worker.stats().blocks_saved == len(blocks)
+    assert_stored(store, pool, tokens, blocks)
     store.check_integrity()
     store.close()
