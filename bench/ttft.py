@@ -20,7 +20,8 @@ whole bench then takes well under a minute on 2 cores.
   pool: only the last block's tokens are computed; baseline: our own cold prefill.
 
 **Engine-level** (``bench/ttft_engine.py``, whose docstring has the details): TTFT is the wall
-time of ``Engine.generate([prompt], SamplingParams(max_tokens=1))`` (greedy), CUDA-synchronised,
+time of ``Engine.generate([prompt], SamplingParams(max_tokens=1))`` (greedy), synchronised on
+the engine's stream (background saves are not waited for),
 median of 3 runs (GPU) or 5 (CPU) after one warm-up; every run verifies from its ``RequestOutput``
 (``num_tokens_reused`` per tier, no failed loads) and from the store that the prefix came from
 the intended tier, and raises otherwise.

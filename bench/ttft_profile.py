@@ -157,12 +157,20 @@ def run(n: int, model: torch.nn.Module, cfg, device: torch.device, runs: int,
             te._timed_generate(lw if fill is hit_prompt else bare, fill, device)
         te._timed_generate(bare, hit_prompt, device)  # bare engine warm too
         times: dict[str, list[float]] = {k: [] for k in cases}
+        mixed = [k for k in cases if not k.endswith("hit")]  # interleaved, as bench.ttft does
         for i in range(runs):
-            for name in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
+            for name in (mixed if i % 2 == 0 else mixed[::-1]):
                 prepare, go = cases[name]
                 prepare()
                 t, _out = go()  # type: ignore[misc]
                 times[name].append(t)
+        for name in ("host hit", "hbm hit"):  # each in a row, after one untimed run
+            prepare, go = cases[name]
+            for i in range(runs + 1):
+                prepare()
+                t, _out = go()  # type: ignore[misc]
+                if i:
+                    times[name].append(t)
         base = statistics.median(times["bare"])
         print(f"\n== {n} tokens, median of {runs}", flush=True)
         for name, ts in times.items():
