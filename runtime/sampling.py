@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.errors import InvalidArgument
+from runtime.readout import HostReadout
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +87,40 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token id from float ``logits`` ``[vocab_size]`` (on any device)."""
-    if params.greedy:
-        return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
+    return sample_rows(logits[None], [params], [generator])[0]
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    readout: HostReadout | None = None,
+) -> list[int]:
+    """One token id per row of float ``logits`` ``[rows, vocab_size]``, row ``i`` by
+    ``params[i]`` and ``generators[i]``. The greedy rows are reduced on the logits' device in one
+    kernel; what the host needs is read through ``readout`` when given (see
+    :mod:`runtime.readout`), else by a plain copy."""
+    if len(params) != logits.shape[0] or len(generators) != logits.shape[0]:
+        raise InvalidArgument(f"{logits.shape[0]} rows of logits, {len(params)} params and "
+                              f"{len(generators)} generators", hint="give one of each per row")
+    read = readout.read if readout is not None else (lambda t: t.to("cpu"))
+    out = [0] * len(params)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        rows = logits if len(greedy) == len(params) else logits[greedy]
+        for i, tok in zip(greedy, read(torch.argmax(rows, dim=-1)).tolist()):
+            out[i] = int(tok)
+    others = [i for i, p in enumerate(params) if not p.greedy]
+    if others:
+        host = read(logits[others].float())
+        for j, i in enumerate(others):
+            out[i] = _draw(host[j], params[i], generators[i])
+    return out
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """A temperature/top-p draw from CPU float ``logits`` ``[vocab_size]``."""
+    probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of better tokens
@@ -97,4 +129,4 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-__all__ = ["SamplingParams", "sample"]
+__all__ = ["SamplingParams", "sample", "sample_rows"]

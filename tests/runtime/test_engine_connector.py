@@ -463,3 +463,72 @@ def test_a_stalled_redis_never_holds_up_scheduling(model: LlamaForPagedLM, redis
     assert_clean(engine)
     engine.close()
     store.close()
+
+
+def test_host_loads_start_after_the_forward_uploads(model: LlamaForPagedLM,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's host loads are queued at its first layer, after the batch (the forward's
+    host-to-device uploads) is built: queued after the loads, on a GPU the uploads waited for
+    the whole load in the copy engine's queue, and no layer overlapped it."""
+    import runtime.engine as engine_mod
+
+    order: list[str] = []
+    build = engine_mod.build_batch
+
+    def recording_build(*a: object, **kw: object):  # type: ignore[no-untyped-def]
+        order.append("batch")
+        return build(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_mod, "build_batch", recording_build)
+    p = prompt(random.Random(3), 53)
+    (ref,) = reference(model, [p])
+    engine = make_engine(model)
+    engine.generate([p], GREEDY)
+    clear_hbm(engine)
+    worker = engine.connector.worker  # type: ignore[union-attr]
+    start, wait = worker.start_load_kv, worker.wait_for_layer_load
+    monkeypatch.setattr(worker, "start_load_kv", lambda: (order.append("load"), start())[1])
+    monkeypatch.setattr(worker, "wait_for_layer_load",
+                        lambda lyr: (order.append(f"wait{lyr}"), wait(lyr))[1])
+    order.clear()
+    (warm,) = engine.generate([p], GREEDY)
+    assert warm.output_token_ids == ref and warm.metrics.num_tokens_reused["host"] == 48
+    first = order.index("load")
+    assert order[first - 1: first + 2] == ["batch", "load", "wait0"]
+    assert order.count("load") == 1  # once per step with loads, never for steps without
+    assert_clean(engine)
+    close(engine)
+
+
+def test_a_forward_that_fails_before_its_first_layer_ends_the_steps_loads(
+        model: LlamaForPagedLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loads start at the first layer; a forward that raises before it still runs and ends
+    them, so their leases and pins are released and the next step binds a plan of its own."""
+    import runtime.engine as engine_mod
+
+    p = prompt(random.Random(4), 53)
+    (ref,) = reference(model, [p])
+    engine = make_engine(model)
+    engine.generate([p], GREEDY)
+    clear_hbm(engine)
+    build, calls = engine_mod.build_batch, []
+
+    def failing_build(*a: object, **kw: object):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected: the forward failed before layer 0")
+        return build(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_mod, "build_batch", failing_build)
+    engine.add_request(p, GREEDY)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    assert engine.store.stats().active_leases == 0  # type: ignore[union-attr]
+    assert engine.connector.worker.stats().blocks_loaded == 3  # type: ignore[union-attr]
+    # the engine goes on: the request finishes with the reference tokens
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.output_token_ids for o in outs] == [ref]
+    assert_clean(engine)
+    close(engine)

@@ -1,0 +1,45 @@
+"""GPU machine only (-m gpu): HostReadout reads exact values through a kernel into pinned host
+memory -- also while a large device-to-host save is queued on another stream, behind which a
+copy-engine read would wait -- and grows past its first buffer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.readout import HostReadout
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.fail("-m gpu tests need a CUDA GPU")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16])
+def test_values_are_exact(dtype: torch.dtype) -> None:
+    r = HostReadout("cuda", nbytes=64)
+    src = (torch.randn(3, 1000, device="cuda") * 1e4).to(dtype)
+    if dtype.is_floating_point:
+        src[0, :3] = torch.tensor([float("inf"), -0.0, float("-inf")], dtype=dtype)
+    got = r.read(src)  # 3 * 1000 elements: past the 64-byte first buffer
+    assert got.device.type == "cpu" and got.shape == src.shape and got.dtype == dtype
+    assert torch.equal(got, src.cpu())
+    assert torch.signbit(got[0, 1]) if dtype.is_floating_point else True
+    again = r.read(src[1:2])  # the buffer is reused; the earlier result is a copy
+    assert torch.equal(again, src[1:2].cpu()) and torch.equal(got, src.cpu())
+
+
+def test_read_behind_a_queued_save() -> None:
+    r = HostReadout("cuda")
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        host.copy_(big, non_blocking=True)
+    logits = torch.randn(8, 4096, device="cuda")
+    toks = r.read(torch.argmax(logits, dim=-1))
+    assert toks.tolist() == logits.argmax(-1).tolist()
+    side.synchronize()
