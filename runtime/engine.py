@@ -69,28 +69,13 @@ from runtime.tokenizer_hf import load_tokenizer
 from runtime.weights import load_checkpoint_config
 
 
+@dataclass(frozen=True, slots=True)
 class _ConnectorHooks:
-    """Per-layer model hooks: start the step's loads at the first layer, wait for a layer's
-    loads before its attention, save after it.
+    """Per-layer model hooks: wait for the layer's loads before its attention, save after."""
 
-    The loads start in the first hook, not before the forward: the forward's own uploads (the
-    batch's positions, slots and block tables, the paged step's lengths) are host-to-device
-    copies too, and the copy engine serves its queue in order -- queued after a 32K-token load
-    (4 GiB), they waited for all of it, and no layer's compute overlapped the load."""
-
-    __slots__ = ("worker", "loads_started")
-
-    def __init__(self, worker: KVConnectorWorker, *, start_loads: bool) -> None:
-        self.worker = worker
-        self.loads_started = not start_loads
-
-    def start_loads(self) -> None:
-        if not self.loads_started:
-            self.loads_started = True
-            self.worker.start_load_kv()
+    worker: KVConnectorWorker
 
     def before(self, layer: int) -> None:
-        self.start_loads()
         self.worker.wait_for_layer_load(layer)
 
     def after(self, layer: int) -> None:
@@ -368,16 +353,13 @@ class Engine:
             if meta.loads or meta.saves:
                 conn.worker.bind_connector_metadata(meta)
                 bound = True
-        hooks: _ConnectorHooks | None = None
         try:
             if bound:
                 assert conn is not None
-                # loads from below host are waited for in this step: before the forward
-                early = any(ld.load_async for ld in meta.loads)
-                hooks = _ConnectorHooks(conn.worker, start_loads=not early)
-                if early:
-                    conn.worker.start_load_kv()
-                    self._wait_loads()
+                conn.worker.start_load_kv()
+                if any(ld.load_async for ld in meta.loads):
+                    self._wait_loads()  # loads from below host: waited for in this step
+            hooks = _ConnectorHooks(conn.worker) if bound and conn is not None else None
             t0 = time.perf_counter()
             logits = self._forward(chunks, hooks)
             if not (bound and meta.loads) and any(ch.num_tokens > 1 for ch in chunks):
@@ -391,13 +373,7 @@ class Engine:
                 if errors:
                     rolled = self.scheduler.apply_load_errors(errors)
         finally:
-            if hooks is not None and not hooks.loads_started:  # the forward failed before layer 0
-                try:
-                    hooks.start_loads()  # the plan's leases are released by the loads' ends
-                    self._wait_loads()
-                finally:
-                    conn.worker.clear_connector_metadata()  # type: ignore[union-attr]
-            elif bound and conn is not None:
+            if bound and conn is not None:
                 conn.worker.clear_connector_metadata()
         if chunks:
             self.pool.note_queued_writes()
@@ -406,7 +382,7 @@ class Engine:
             reqs = [ch.request for ch in chunks if ch.sample]
             rows = [i for i, req in enumerate(reqs) if req.request_id not in rolled]
             sampled: dict[str, int] = {}
-            if rows:
+            if rows:  # read through the readout: never behind a save's DMA (runtime/readout.py)
                 picked = [reqs[i] for i in rows]
                 toks = sample_rows(logits if len(rows) == len(reqs) else logits[rows],
                                    [r.params for r in picked], [r.generator for r in picked],

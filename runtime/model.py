@@ -347,7 +347,6 @@ class LlamaForPagedLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(self.config.torch_dtype), emb.sin().to(self.config.torch_dtype)
         x = self.model.embed_tokens(batch.input_ids)
-        self.backend.prepare(meta, self.config.num_heads, self.config.num_kv_heads)
         for i, layer in enumerate(cast("list[DecoderLayer]", self.model.layers)):
             if layer_hooks is not None:
                 layer_hooks.before(i)

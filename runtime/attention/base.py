@@ -28,11 +28,6 @@ class AttentionBackend(ABC):
     #: Registry name of the backend.
     name: str = ""
 
-    def prepare(self, meta: BatchMeta, num_heads: int, num_kv_heads: int) -> None:
-        """Called once per batch before its first layer: derive (and upload) what every layer
-        of the batch shares. Uploads belong here, not in the first layer: a KV connector's loads
-        start at the first layer, and an upload queued behind them waits for all of them."""
-
     def write_kv(
         self, kv_pool: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, meta: BatchMeta
     ) -> None:

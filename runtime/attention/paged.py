@@ -174,12 +174,8 @@ class PagedBackend(AttentionBackend):
                scale: float) -> torch.Tensor:  # type: ignore[override]
         if isinstance(meta, PagedStep):
             return attention(q, kv_pool, layer, meta, scale)
-        # one step per batch (the model calls every layer with it), derived in prepare
-        kv_heads = kv_pool.shape[4]
-        self.prepare(meta, q.shape[1], kv_heads)
-        assert self._last is not None
-        return attention(q, kv_pool, layer, self._last[1], scale)
-
-    def prepare(self, meta: BatchMeta, num_heads: int, num_kv_heads: int) -> None:
+        # one step per batch, derived at its first layer (the model calls every layer with it)
         if self._last is None or self._last[0] is not meta:
-            self._last = (meta, step_from_meta(meta, num_heads // num_kv_heads, num_kv_heads))
+            kv_heads = kv_pool.shape[4]
+            self._last = (meta, step_from_meta(meta, q.shape[1] // kv_heads, kv_heads))
+        return attention(q, kv_pool, layer, self._last[1], scale)
