@@ -145,6 +145,18 @@ def test_redis_wrong_password() -> None:
     assert "secret" not in proc.stdout + proc.stderr
 
 
+def test_a_password_in_a_url_is_refused_without_echoing_it() -> None:
+    tier = '{"kind": "redis", "url": "redis://app:Xq7-s3cret-pw@127.0.0.1:6379/0"}'
+    proc = kvstore_cli("config", env=tiers_env(tier))
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid kvstore configuration:\n"
+        "  tiers.1.redis.url (KVSTORE_TIERS): put the password in the 'password' field (a "
+        "secret), not in url (got 'redis://***@127.0.0.1:6379/0')\n"
+        "hint: fix the variable(s) named above\n"
+    )
+
+
 def test_version() -> None:
     proc = kvstore_cli("--version")
     assert (proc.returncode, proc.stdout) == (0, f"kvstore {kvstore.__version__}\n")
