@@ -120,6 +120,7 @@ class StagingPath:
         error). Returns how many leading pages of the handle were valid while pinned -- all of
         them: a pinned slot keeps its bytes. Raises LeaseError for a handle that is unknown or
         already completed, InvalidArgument for another store's handle."""
+        self._check_open()
         held = self._pop_handle(self._loads, handle, "load")
         cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
         if held.lease is not None:
@@ -191,6 +192,7 @@ class StagingPath:
         admit them to the tier's policy and apply write-through; with ``ok=False`` it is
         :meth:`abort`. Returns what was stored. Raises LeaseError for a handle that is unknown
         or already completed, InvalidArgument for another store's handle."""
+        self._check_open()
         if not ok:
             self.abort(handle)
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
@@ -212,6 +214,7 @@ class StagingPath:
     def abort(self, handle: StoreHandle) -> None:
         """Free the handle's reserved slots unpublished (nothing of it becomes visible). Raises
         LeaseError for a handle that is unknown or already completed."""
+        self._check_open()
         held = self._pop_handle(self._stores, handle, "store")
         ti = self._by_name[held.tier]
         cast(SlabSlots, self.tiers[ti]).unreserve(held.slots)
