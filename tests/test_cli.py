@@ -131,6 +131,33 @@ def test_redis_down(redis_server: RedisServer) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_serve_reports_a_tier_that_fails_to_start_like_every_command(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Exit 1 for a Redis server that does not answer, 2 for a disk path that is a file (it
+    used to exit 2 for both), the lines unwrapped."""
+    url = redis_server.url
+    redis_server.stop()
+    data = {"XDG_DATA_HOME": str(tmp_path)}
+    down = kvstore_cli("serve", env={**tiers_env(f'{{"kind": "redis", "url": "{url}"}}'), **data})
+    assert down.returncode == 1, down.stderr
+    assert down.stderr.startswith(
+        f"error: redis tier 'redis': no server answered within 0.5s: {redis_server.node}: "
+    ), down.stderr
+    assert down.stderr.endswith(
+        "\nhint: start the redis server(s), or fix the tier's url (a server that only listens "
+        "with TLS needs rediss:// or tls=True)\n"
+    )
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    taken = kvstore_cli("serve", env={**tiers_env(f'{{"kind": "disk", "path": "{afile}"}}'), **data})
+    assert taken.returncode == 2
+    assert taken.stderr.endswith(
+        f"error: disk tier 'disk': cannot use directory {afile}: File exists\n"
+        "hint: point the disk tier's path at a writable local directory\n"
+    ), taken.stderr
+
+
 def test_redis_wrong_password() -> None:
     server = RedisServer("--requirepass", "right-secret")
     try:
