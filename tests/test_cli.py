@@ -215,6 +215,16 @@ def test_verbose_shows_the_tiers_log_lines(tmp_path: Path) -> None:
     assert line not in quiet.stderr and line in loud.stderr
 
 
+def test_warnings_are_seen_without_verbose(redis_server: RedisServer) -> None:
+    tiers = f'[{{"kind": "host", "capacity": "64MiB"}}, {{"kind": "redis", "url": "{redis_server.url}"}}]'
+    proc = kvstore_cli("store-demo", "--conversations", "1", "--turns", "1",
+                       env={"KVSTORE_TIERS": tiers})  # no deployment secret
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(
+        "WARNING kvstore.build: shared tier(s) ['redis'] run without security.secret: "
+    ), proc.stderr
+
+
 def test_config_prints_sizes_with_units() -> None:
     proc = kvstore_cli("config", env=tiers_env())
     assert proc.returncode == 0, proc.stderr
