@@ -10,13 +10,15 @@ Environment overrides use ``__`` for nesting and JSON for lists, e.g.::
 
 Environment beats file beats defaults. Any bad value raises :class:`ConfigError` whose message
 names the field, the value given and what is allowed — except secrets, whose values are never
-shown. Only this module reads the environment (and the secret file).
+shown (nor the values of unknown fields, which may be misspelt secrets), and credentials inside a
+value (a URL's password), which are masked. Only this module reads the environment (and the secret file).
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -354,6 +356,26 @@ def load_config(
         ) from None
 
 
+# Credentials inside a value: a URL's (or a node's) ``user:password@``, and a ``password=``
+# query parameter. Everything from the start of the token to its last ``@`` is masked (a
+# password may hold ``/`` or ``:``), keeping a scheme so the reader still sees which URL it was.
+_USERINFO = re.compile(r"""([a-z][a-z0-9+.-]*://)?[^\s'",\[\]]*@""", re.I)
+_PASSWORD_PARAM = re.compile(r"""(password=)[^&#\s'"]*""", re.I)
+
+
+def _shown_input(err: Any) -> str:
+    """`` (got <value>)`` for an error's line, or nothing where the value is a table or may be a
+    secret: a secret field's, an unknown field's (perhaps a misspelt ``password``). Credentials
+    in any other value are masked."""
+    given = err.get("input")
+    loc = err["loc"]
+    if (isinstance(given, dict) or err["type"] == "extra_forbidden" or "security" in loc
+            or any(p in _SECRET_FIELDS for p in loc)):
+        return ""
+    text = _PASSWORD_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", repr(given)))
+    return f" (got {text:.80})"
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
@@ -379,10 +401,19 @@ def _read_file(path: Path) -> dict[str, Any]:
     except Exception as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """What PyYAML found wrong and where, without the excerpt of the line it quotes (that line
+    may hold a password)."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if problem is None or mark is None:
+        return type(exc).__name__
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
 
 
 def _field_error(field: str, detail: str) -> PydanticCustomError:
@@ -403,9 +434,7 @@ def _describe(
         else:
             loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
             msg = err["msg"].removeprefix("Value error, ")
-            given = err.get("input")
-            secret = any(p in _SECRET_FIELDS for p in err["loc"]) or "security" in err["loc"]
-            shown = "" if isinstance(given, dict) or secret else f" (got {given!r:.80})"
+            shown = _shown_input(err)
         parts = tuple(loc.split("."))
         var = next((v for p, v in sorted(env.items(), key=lambda pv: -len(pv[0]))
                     if parts[: len(p)] == p), None)

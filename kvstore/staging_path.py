@@ -120,6 +120,7 @@ class StagingPath:
         error). Returns how many leading pages of the handle were valid while pinned -- all of
         them: a pinned slot keeps its bytes. Raises LeaseError for a handle that is unknown or
         already completed, InvalidArgument for another store's handle."""
+        self._check_open()
         held = self._pop_handle(self._loads, handle, "load")
         cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
         if held.lease is not None:
@@ -189,8 +190,10 @@ class StagingPath:
     def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
         """Publish the handle's slots under their keys (``ok``: every byte of each was written),
         admit them to the tier's policy and apply write-through; with ``ok=False`` it is
-        :meth:`abort`. Returns what was stored. Raises LeaseError for a handle that is unknown
+        :meth:`abort`. Returns what was stored; ``refused`` counts, as :meth:`put`'s does, pages
+        a tier below could not take under write-through. Raises LeaseError for a handle that is unknown
         or already completed, InvalidArgument for another store's handle."""
+        self._check_open()
         if not ok:
             self.abort(handle)
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
@@ -203,15 +206,17 @@ class StagingPath:
             self._claimed[ti] -= held.num_blocks
             self._writing[ti].difference_update(m.key for m in held.metas)
         self._admit(ti, held.metas)
+        refused = held.refused
         if self.write_policy == "write_through" and held.metas and ti + 1 < len(self.tiers):
             views = [held.slab[s] for s in held.slots]
             self.metrics.copies.labels("write_through", self.tiers[ti + 1].name).inc(len(views))
-            self._store_into(ti + 1, list(held.metas), views)
-        return PutResult(held.num_blocks, held.existing, held.refused)
+            refused += self._store_into(ti + 1, list(held.metas), views).refused
+        return PutResult(held.num_blocks, held.existing, refused)
 
     def abort(self, handle: StoreHandle) -> None:
         """Free the handle's reserved slots unpublished (nothing of it becomes visible). Raises
         LeaseError for a handle that is unknown or already completed."""
+        self._check_open()
         held = self._pop_handle(self._stores, handle, "store")
         ti = self._by_name[held.tier]
         cast(SlabSlots, self.tiers[ti]).unreserve(held.slots)

@@ -236,6 +236,7 @@ class TieredStore(StagingPath):
     def count_declined(self, namespace_id: bytes, num_blocks: int) -> None:
         """Count ``num_blocks`` matched blocks of ``namespace_id`` that a connector recomputes
         instead of loading (load-or-recompute), in :attr:`namespace_counts`."""
+        self._check_open()
         check_namespace(namespace_id)
         check_count("num_blocks", num_blocks, 0)
         if num_blocks:
@@ -262,6 +263,7 @@ class TieredStore(StagingPath):
             return self._leases.narrow(lease, n)
 
     def is_pinned(self, key: bytes) -> bool:
+        self._check_open()
         with self._lock:
             self._leases.expire()
             return key in self._leases.pins
@@ -592,6 +594,7 @@ class TieredStore(StagingPath):
     def read_bandwidth(self, tier_name: str) -> float | None:
         """Measured read bandwidth of tier ``tier_name`` in bytes/s (an exponentially weighted
         average over the store's successful reads), or None before its first one."""
+        self._check_open()
         self._tier_index(tier_name)  # raises InvalidArgument naming the tiers
         return self._bw.get(tier_name)
 
@@ -662,6 +665,7 @@ class TieredStore(StagingPath):
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(StoreEvent)`` for every page stored in or removed from a tier (see
         :mod:`kvstore.events`): puts, staging saves, engine commits, evictions, deletes."""
+        self._check_open()
         self._listeners.add(listener)
 
     def remove_listener(self, listener: Listener) -> None:
@@ -764,7 +768,8 @@ class TieredStore(StagingPath):
 
     def close(self) -> None:
         """Finish background copies, stop the store's threads and close every tier. Every later
-        call raises StoreClosed. Idempotent."""
+        call raises StoreClosed, but those that tear down or look (``drain``, which has nothing
+        left to wait for, ``remove_listener``, ``tier``, ``closed``). Idempotent."""
         if self._closed:
             return
         self.drain()

@@ -131,15 +131,8 @@ def serve(config: ConfigOpt = None) -> None:
     level = min(logging.getLogger().level or logging.WARNING, logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s kvstore %(levelname)s %(message)s",
                         force=True)
-    try:
-        cfg = load_serve_config(config)
-        code = run(cfg)
-    except KVStoreError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        if exc.hint:
-            err.print(f"[yellow]hint:[/yellow] {exc.hint}")
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    # a KVStoreError is reported by the command group, with the exit code of its class
+    raise typer.Exit(run(load_serve_config(config)))
 
 
 @app.command("config")

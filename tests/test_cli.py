@@ -131,6 +131,33 @@ def test_redis_down(redis_server: RedisServer) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_serve_reports_a_tier_that_fails_to_start_like_every_command(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Exit 1 for a Redis server that does not answer, 2 for a disk path that is a file (it
+    used to exit 2 for both), the lines unwrapped."""
+    url = redis_server.url
+    redis_server.stop()
+    data = {"XDG_DATA_HOME": str(tmp_path)}
+    down = kvstore_cli("serve", env={**tiers_env(f'{{"kind": "redis", "url": "{url}"}}'), **data})
+    assert down.returncode == 1, down.stderr
+    assert down.stderr.startswith(
+        f"error: redis tier 'redis': no server answered within 0.5s: {redis_server.node}: "
+    ), down.stderr
+    assert down.stderr.endswith(
+        "\nhint: start the redis server(s), or fix the tier's url (a server that only listens "
+        "with TLS needs rediss:// or tls=True)\n"
+    )
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    taken = kvstore_cli("serve", env={**tiers_env(f'{{"kind": "disk", "path": "{afile}"}}'), **data})
+    assert taken.returncode == 2
+    assert taken.stderr.endswith(
+        f"error: disk tier 'disk': cannot use directory {afile}: File exists\n"
+        "hint: point the disk tier's path at a writable local directory\n"
+    ), taken.stderr
+
+
 def test_redis_wrong_password() -> None:
     server = RedisServer("--requirepass", "right-secret")
     try:
@@ -143,6 +170,18 @@ def test_redis_wrong_password() -> None:
         f"error: redis tier 'redis': {server.node} rejected the credentials: "
     ), proc.stderr
     assert "secret" not in proc.stdout + proc.stderr
+
+
+def test_a_password_in_a_url_is_refused_without_echoing_it() -> None:
+    tier = '{"kind": "redis", "url": "redis://app:Xq7-s3cret-pw@127.0.0.1:6379/0"}'
+    proc = kvstore_cli("config", env=tiers_env(tier))
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid kvstore configuration:\n"
+        "  tiers.1.redis.url (KVSTORE_TIERS): put the password in the 'password' field (a "
+        "secret), not in url (got 'redis://***@127.0.0.1:6379/0')\n"
+        "hint: fix the variable(s) named above\n"
+    )
 
 
 def test_version() -> None:
@@ -174,6 +213,16 @@ def test_verbose_shows_the_tiers_log_lines(tmp_path: Path) -> None:
     assert quiet.returncode == loud.returncode == 0, quiet.stderr + loud.stderr
     line = f"disk tier 'disk': {tmp_path / 'disk'} "
     assert line not in quiet.stderr and line in loud.stderr
+
+
+def test_warnings_are_seen_without_verbose(redis_server: RedisServer) -> None:
+    tiers = f'[{{"kind": "host", "capacity": "64MiB"}}, {{"kind": "redis", "url": "{redis_server.url}"}}]'
+    proc = kvstore_cli("store-demo", "--conversations", "1", "--turns", "1",
+                       env={"KVSTORE_TIERS": tiers})  # no deployment secret
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(
+        "WARNING kvstore.build: shared tier(s) ['redis'] run without security.secret: "
+    ), proc.stderr
 
 
 def test_config_prints_sizes_with_units() -> None:

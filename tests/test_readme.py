@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.report import readme_table, render
-from kvstore import build_namespace, build_store, load_config
+from kvstore import ConfigError, build_namespace, build_store, load_config
 from tests.redis_servers import RedisServer
 from tests.server.daemon_proc import DaemonProc, write_config
 
@@ -170,3 +170,38 @@ def test_metric_names_are_documented(tmp_path: Path) -> None:
     notes = notes[: notes.index("\n## ", 4)]
     documented = set(re.findall(r"^\| `(kvstore_\w+)", notes, re.M))
     assert documented == exposed
+
+
+# The child maps torch before it lowers its address-space limit, so that only the slab meets it.
+UNMAPPABLE_HOST_TIER = """
+import resource
+import torch  # noqa: F401
+import kvstore
+cfg = kvstore.load_config(overrides={"tiers": [
+    {"kind": "host", "capacity": "2GiB", "pin_memory": False}]})
+vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (512 << 20),) * 2)
+try:
+    kvstore.build_store(cfg)
+except kvstore.ConfigError as exc:
+    print(exc.message)
+"""
+
+
+def test_host_tier_refusals_are_what_the_operator_notes_quote(tmp_path: Path) -> None:
+    """'Sizing the host tier' quotes the two refusals of a host tier the machine cannot hold:
+    larger than its memory, and an allocation the kernel refuses (here under ``ulimit -v``)."""
+    notes = README[README.index("**Sizing the host tier.**"):]
+    notes = notes[: notes.index("\n\n")]
+    quoted = [" ".join(q.split()) for q in re.findall(r"`(tiers\.N [^`]+)`", notes)]
+    assert len(quoted) == 2, quoted
+    too_big, unmappable = (
+        re.compile(re.escape(q).replace(r"tiers\.N", r"tiers\.\d+").replace("…", ".+"))
+        for q in quoted)
+    cfg = load_config(overrides={"tiers": [{"kind": "host", "capacity": "1PiB"}]})
+    with pytest.raises(ConfigError) as info:
+        build_store(cfg)
+    assert too_big.fullmatch(info.value.message), info.value.message
+    child = run_python(UNMAPPABLE_HOST_TIER, tmp_path)
+    assert child.returncode == 0, child.stderr
+    assert unmappable.fullmatch(child.stdout.strip()), child.stdout

@@ -71,9 +71,17 @@ class RedisTierConfig(TierConfigBase):
         if not url.startswith(("redis://", "rediss://")):
             raise ValueError("must start with redis:// or rediss://")
         userinfo = url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[0]
-        if ":" in userinfo:
+        if ":" in userinfo or "password=" in url.lower():  # redis-py reads ?password= too
             raise ValueError("put the password in the 'password' field (a secret), not in url")
         return url
+
+    @field_validator("cluster_nodes")
+    @classmethod
+    def _no_secret_in_nodes(cls, nodes: list[str] | None) -> list[str] | None:
+        if any("@" in n for n in nodes or ()):
+            raise ValueError("nodes are 'host:port': put the username and password in their "
+                             "fields (the password is a secret), not in cluster_nodes")
+        return nodes
 
     @model_validator(mode="after")
     def _one_endpoint(self) -> RedisTierConfig:

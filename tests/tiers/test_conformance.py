@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kvstore import InvalidArgument, KVLayout, Namespace
+from kvstore.errors import StoreClosed
 from tests.conftest import random_pages
 
 
@@ -145,3 +146,26 @@ def test_concurrent_readers_and_writers(make_tier, layout: KVLayout, ns: Namespa
         t.join()
     assert errors == []
     assert tier.used_pages <= 24
+
+
+def test_a_closed_tier_refuses_every_call(make_tier, layout: KVLayout, ns: Namespace) -> None:
+    tier = make_tier(layout, 8)
+    chain = ns.chain(list(range(4 * 4)))
+    pages = random_pages(layout, 4)
+    assert tier.write(chain.metas(), list(pages)) == [True] * 4
+    tier.close()
+    calls = {
+        "contains": lambda: tier.contains(chain.keys),
+        "count_leading": lambda: tier.count_leading(chain.keys),
+        "read": lambda: tier.read(ns.id, chain.keys, list(np.zeros_like(pages))),
+        "write": lambda: tier.write(chain.metas(), list(pages)),
+        "delete": lambda: tier.delete(chain.keys),
+        "meta": lambda: tier.meta(chain.keys[0]),
+        "keys": lambda: list(tier.keys()),
+        "stats": lambda: tier.stats(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreClosed) as err:
+            call()
+        assert err.value.message == f"tier {tier.name!r} is closed", name
+    tier.close()  # idempotent

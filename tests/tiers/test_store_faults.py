@@ -90,6 +90,12 @@ def test_a_write_through_put_reports_pages_a_lower_tier_refused() -> None:
     assert pin.lease is not None
     res = store.put(CHAIN.metas(0, 2), PAGES[:2])
     assert (res.stored, res.existing, res.refused) == (2, 0, 2)
+    # the staging path's save reports the same (it returned refused=0)
+    handle = store.prepare_store(CHAIN.metas(2, 4))
+    for slot, page in zip(handle.slots, PAGES[2:4]):
+        store.staging_tier().slab[slot] = page
+    res = store.complete_store(handle)
+    assert (res.stored, res.existing, res.refused) == (2, 0, 2)
     store.release(pin.lease)
     store.check_integrity()
     store.close()

@@ -326,3 +326,76 @@ def test_every_tier_kind_declares_its_config_model_and_the_union_is_the_registry
         assert model.model_fields["kind"].default == kind
     union, _discriminator = get_args(TierConfig)
     assert list(get_args(union)) == tier_config_models()
+
+
+# ----------------------------------------------------------------- secrets
+
+SECRET = "Xq7-s3cret-pw"
+HOST = {"kind": "host", "capacity": "64MiB"}
+
+
+def _redis(**fields: object) -> dict[str, object]:
+    return {"tiers": [HOST, {"kind": "redis", **fields}]}
+
+
+@pytest.mark.parametrize("overrides, loc, why", [
+    (_redis(url=f"redis://u:{SECRET}@h:1/0"), "tiers.1.redis.url",
+     "put the password in the 'password' field (a secret), not in url (got 'redis://***@h:1/0')"),
+    (_redis(url=f"redis://:{SECRET}@h:1/0"), "tiers.1.redis.url",
+     "put the password in the 'password' field (a secret), not in url (got 'redis://***@h:1/0')"),
+    (_redis(url=f"redis://h:1/0?password={SECRET}"), "tiers.1.redis.url",
+     "put the password in the 'password' field (a secret), not in url "
+     "(got 'redis://h:1/0?password=***')"),
+    (_redis(url=f"http://u:{SECRET}@h:1/0"), "tiers.1.redis.url",
+     "must start with redis:// or rediss:// (got 'http://***@h:1/0')"),
+    (_redis(cluster_nodes=[f"u:{SECRET}@h:1"]), "tiers.1.redis.cluster_nodes",
+     "nodes are 'host:port': put the username and password in their fields (the password is "
+     "a secret), not in cluster_nodes (got ['***@h:1'])"),
+    (_redis(url="redis://h:1/0", pasword=SECRET),  # a misspelt secret field
+     "tiers.1.redis.pasword", "Extra inputs are not permitted"),
+    (_redis(url="redis://h:1/0", password=[SECRET]), "tiers.1.redis.password",
+     "Input should be a valid string"),
+    ({"tiers": [HOST, f"redis://:{SECRET}@h:1/0"]}, "tiers.1",
+     "Input should be a valid dictionary or object to extract fields from "
+     "(got 'redis://***@h:1/0')"),
+    ({"security": {"secret": SECRET}}, "security",
+     "the secret has 13 bytes, needs at least 16 (e.g. `openssl rand -hex 32`)"),
+    ({"admin": {"token": [SECRET]}}, "admin.token", "Input should be a valid string"),
+], ids=["userinfo", "password only", "query", "other scheme", "cluster node", "misspelt field",
+        "not a string", "tier as a string", "short deployment secret", "admin token"])
+def test_a_secret_in_a_bad_value_is_never_shown(
+    overrides: dict[str, object], loc: str, why: str, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A value that holds a password is refused with the password masked or left out: in the
+    message, the hint, the repr and the traceback, whether it came from overrides, a file or a
+    variable."""
+    import json
+    import traceback
+
+    import yaml
+
+    ((name, value),) = overrides.items()
+    with pytest.raises(ConfigError) as given:
+        load_config(overrides=overrides)
+    with pytest.raises(ConfigError) as in_file:
+        load_config(write(tmp_path, "c.yaml", yaml.safe_dump(overrides)))
+    monkeypatch.setenv(f"KVSTORE_{name.upper()}", json.dumps(value))
+    with pytest.raises(ConfigError) as in_env:
+        load_config()
+    head = "invalid kvstore configuration:\n  "
+    assert given.value.message == in_file.value.message == f"{head}{loc}: {why}"
+    assert in_env.value.message == f"{head}{loc} (KVSTORE_{name.upper()}): {why}"
+    for exc in (given.value, in_file.value, in_env.value):
+        text = [exc.hint, str(exc), repr(exc), "".join(traceback.format_exception(exc))]
+        assert not [t for t in text if SECRET in t]
+
+
+def test_a_yaml_syntax_error_does_not_quote_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.yaml", f'tiers:\n  - kind: redis\n    password: {SECRET}: x\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message == (
+        f"config file {path} is not valid YAML: mapping values are not allowed here "
+        "(line 3, column 28)"
+    )

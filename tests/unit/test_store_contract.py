@@ -45,22 +45,45 @@ def test_a_lease_of_another_store_is_refused_and_changes_nothing() -> None:
 
 
 @pytest.mark.parametrize("call", [
-    lambda s: s.lookup(CHAIN.keys),
-    lambda s: s.put(CHAIN.metas(), PAGES),
-    lambda s: s.get(NS.id, CHAIN.keys, out(4)),
-    lambda s: s.prefetch(NS.id, CHAIN.keys),
-    lambda s: s.delete(CHAIN.keys),
-    lambda s: s.evict(1),
-    lambda s: s.stats(),
-    lambda s: s.prepare_load(NS.id, CHAIN.keys),
-    lambda s: s.prepare_store(CHAIN.metas()),
-])
+    lambda s, h: s.lookup(CHAIN.keys),
+    lambda s, h: s.lookup_async(CHAIN.keys),
+    lambda s, h: s.put(CHAIN.metas(), PAGES),
+    lambda s, h: s.get(NS.id, CHAIN.keys, out(4)),
+    lambda s, h: s.prefetch(NS.id, CHAIN.keys),
+    lambda s, h: s.delete(CHAIN.keys),
+    lambda s, h: s.evict(1),
+    lambda s, h: s.stats(),
+    lambda s, h: s.check_integrity(),
+    lambda s, h: s.release(h["lease"]),
+    lambda s, h: s.narrow(h["lease"], 1),
+    lambda s, h: s.is_pinned(CHAIN.keys[0]),
+    lambda s, h: s.count_declined(NS.id, 1),
+    lambda s, h: s.read_bandwidth("host"),
+    lambda s, h: s.set_policy("host", "lru"),
+    lambda s, h: s.add_listener(print),
+    lambda s, h: s.prepare_load(NS.id, CHAIN.keys),
+    lambda s, h: s.complete_load(h["load"]),
+    lambda s, h: s.prepare_store(CHAIN.metas()),
+    lambda s, h: s.complete_store(h["store"]),
+    lambda s, h: s.abort(h["store"]),
+    lambda s, h: s.staging_tier(),
+], ids=["lookup", "lookup_async", "put", "get", "prefetch", "delete", "evict", "stats",
+        "check_integrity", "release", "narrow", "is_pinned", "count_declined", "read_bandwidth",
+        "set_policy", "add_listener", "prepare_load", "complete_load", "prepare_store",
+        "complete_store", "abort", "staging_tier"])
 def test_a_closed_store_refuses_work(call) -> None:  # type: ignore[no-untyped-def]
-    s = store()
-    s.put(CHAIN.metas(), PAGES)
+    """Every call but teardown and introspection (drain, remove_listener, tier, closed), with
+    the handles and leases it held when it closed too."""
+    s = store(16)
+    s.put(CHAIN.metas(0, 2), PAGES[:2])
+    held = {"lease": s.lookup(CHAIN.keys, lease=True).lease,
+            "load": s.prepare_load(NS.id, CHAIN.keys[:2]),
+            "store": s.prepare_store(CHAIN.metas(2, 4))}
     s.close()
-    with pytest.raises(StoreClosed, match="the store is closed"):
-        call(s)
+    with pytest.raises(StoreClosed) as err:
+        call(s, held)
+    assert (err.value.message, err.value.hint) == (
+        "the store is closed", "build a new store; a closed one serves nothing")
     s.close()  # idempotent
 
 
@@ -162,22 +185,6 @@ def test_a_handle_of_another_store_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="another store"):
         b.complete_store(h)
     a.abort(h)
-
-
-@pytest.mark.parametrize("kind", ["host", "disk"])
-def test_a_closed_tier_refuses_work(kind: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from kvstore.tiers.disk import DiskTier
-
-    tier = (HostTier("t", LAYOUT, 8, Metrics()) if kind == "host"
-            else DiskTier("t", LAYOUT, 8, Metrics(), path=tmp_path / "d", durability="none"))
-    assert tier.write(CHAIN.metas(), list(PAGES)) == [True] * 4
-    tier.close()
-    for call in (lambda: tier.contains(CHAIN.keys), lambda: tier.read(NS.id, CHAIN.keys, list(out(4))),
-                 lambda: tier.write(CHAIN.metas(), list(PAGES)), lambda: tier.delete(CHAIN.keys),
-                 lambda: tier.count_leading(CHAIN.keys), lambda: tier.meta(CHAIN.keys[0])):
-        with pytest.raises(StoreClosed, match="tier 't' is closed"):
-            call()
-    tier.close()  # idempotent
 
 
 def test_listeners_see_every_page_stored_and_removed() -> None:
