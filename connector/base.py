@@ -380,6 +380,14 @@ class KVConnectorWorker(ABC):
         """Engine blocks of loads ended since the last call that do not hold their page; for
         each request, its first failed block and every later one. Clears the set."""
 
+    def settled_load_errors(self) -> set[int] | None:
+        """The bound step's failed load blocks (as :meth:`get_block_ids_with_load_errors` will
+        report them) when every load's outcome is settled before its copies land -- host loads
+        whose pages were pinned and whose copies were queued in ``start_load_kv`` -- else None.
+        The engine then commits the step's blocks while the copies run (their readers are
+        ordered after them), instead of after them. Default: None (never settled early)."""
+        return None
+
     def close(self) -> None:
         """Wait for every load and save in flight, then stop the side's threads. Idempotent.
         Default: nothing to stop."""

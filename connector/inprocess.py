@@ -406,6 +406,7 @@ class _LoadJob:
     done: threading.Event = field(default_factory=threading.Event)
     failed: list[int] = field(default_factory=list)
     reason: str = ""
+    queued: tuple[int, str] | None = None  # (blocks loading, reason) once queued on the caller
 
 
 @dataclass(eq=False)
@@ -603,6 +604,7 @@ class InProcessWorker(KVConnectorWorker):
                         queued = self._resolve_and_queue(job, may_wait=self._cpu_inline)
                     except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
                         queued = (0, "error")
+                    job.queued = queued
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own
                 threading.Thread(target=self._run_load, args=(job, None), daemon=True,
                                  name=f"kvconnector-load-{spec.request_id}").start()
@@ -739,6 +741,19 @@ class InProcessWorker(KVConnectorWorker):
     def wait_for_loads(self) -> None:
         for job in list(self._jobs):
             job.done.wait()
+
+    def settled_load_errors(self) -> set[int] | None:
+        # A load queued on the caller pinned its pages first (a pinned slot keeps its bytes:
+        # complete_load finds every page valid), so what fails is known at queue time; only a
+        # device error in the copy itself can add to it, and then the device is lost anyway.
+        if self._meta is None or any(spec.load_async for spec in self._meta.loads):
+            return None
+        bad: set[int] = set()
+        for job in self._step_loads:
+            if job.queued is None:
+                return None
+            bad.update(job.spec.block_ids[job.queued[0]:])
+        return bad
 
     def wait_for_save(self) -> None:
         if self._xfer is not None:

@@ -348,6 +348,7 @@ class Engine:
         conn = self.connector
         bound = False
         rolled: set[str] = set()
+        settled: set[int] | None = None
         if conn is not None:
             meta = conn.scheduler.build_connector_meta()
             if meta.loads or meta.saves:
@@ -368,16 +369,26 @@ class Engine:
             self.scheduler.prepare_commits(chunks)  # while the GPU runs the step
             if bound:
                 assert conn is not None
+                settled = conn.worker.settled_load_errors() if meta.loads and chunks else None
+                if settled is not None:
+                    # the loads' outcome is known before their copies land: commit now, while
+                    # they run (a 32K-token hit commits 2048 blocks), not after them
+                    rolled = self.scheduler.apply_load_errors(settled) if settled else set()
+                    self._commit(chunks, rolled)
                 self._wait_loads()
                 errors = conn.worker.get_block_ids_with_load_errors()
-                if errors:
+                if settled is not None and errors - settled:
+                    raise RuntimeError(
+                        f"{len(errors - settled)} blocks failed to load after their copies were "
+                        "queued (a device error): their blocks were committed")
+                if settled is None and errors:
                     rolled = self.scheduler.apply_load_errors(errors)
         finally:
             if bound and conn is not None:
                 conn.worker.clear_connector_metadata()
         if chunks:
-            self.pool.note_queued_writes()
-            self.scheduler.commit_prepared(chunks, rolled)
+            if settled is None:
+                self._commit(chunks, rolled)
             assert logits is not None
             reqs = [ch.request for ch in chunks if ch.sample]
             rows = [i for i, req in enumerate(reqs) if req.request_id not in rolled]
@@ -396,6 +407,12 @@ class Engine:
         for req in done:
             self._known_ids.discard(req.request_id)
         return [req.to_output() for req in done]
+
+    def _commit(self, chunks: list[Any], rolled: set[str]) -> None:
+        """Commit the full blocks of the step's chunks (not of the rolled-back requests); the
+        pool's copies out of them wait for the work queued so far."""
+        self.pool.note_queued_writes()
+        self.scheduler.commit_prepared(chunks, rolled)
 
     def _forward(self, chunks: list[Any], hooks: _ConnectorHooks | None) -> torch.Tensor | None:
         """Run the chunks through the model (with the connector's layer hooks); without

@@ -35,7 +35,7 @@ def model() -> LlamaForPagedLM:
 
 def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, host_pages: int = 64, *,
                 connector: bool = True, write_policy: str = "write_back",
-                **kw: object) -> Engine:
+                cpu_inline: bool = False, **kw: object) -> Engine:
     layout = model.config.kv_layout(BS)
     m = Metrics()
     pool = HBMTier("hbm", layout, num_blocks, m, device=device_of(model))
@@ -43,7 +43,7 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, host_pages: int = 
     store = TieredStore(layout, [pool, host], write_policy=write_policy)  # type: ignore[arg-type]
     ns = Namespace("test/tiny/7", layout)
     conn = (InProcessScheduler(store, ns, num_blocks=num_blocks),
-            InProcessWorker(store)) if connector else None
+            InProcessWorker(store, cpu_inline=cpu_inline)) if connector else None
     engine = Engine(model, pool, ns, connector=conn, **kw)  # type: ignore[arg-type]
     engine.store = store
     return engine
@@ -334,11 +334,14 @@ def test_preemption_with_connector(model: LlamaForPagedLM) -> None:
 def test_loads_queued_on_the_engine_thread(model: LlamaForPagedLM,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU path queues a host load's copies on the engine thread (start_load_kv) and leaves
-    only the wait to the load thread; the same control flow over the CPU transfer gives the
-    same results, including a page deleted between lookup and load."""
-    from connector.transfer import CpuTransfer
+    only the wait to the load thread; the same control flow over the CPU transfer (inline: it
+    queues on the caller too) gives the same results, including a page deleted between lookup
+    and load."""
+    import functools
+    import sys
 
-    monkeypatch.setattr(CpuTransfer, "queue_on_caller", True)
+    monkeypatch.setattr(sys.modules[__name__], "make_engine",
+                        functools.partial(make_engine, cpu_inline=True))
     test_prefix_from_hbm_host_and_none_identical(model, None)
     test_partial_and_mixed_hits(model)
     test_host_page_deleted_after_admission_is_recomputed(model, 1)
@@ -463,3 +466,63 @@ def test_a_stalled_redis_never_holds_up_scheduling(model: LlamaForPagedLM, redis
     assert_clean(engine)
     engine.close()
     store.close()
+
+
+def test_a_settled_load_commits_its_blocks_while_the_copies_run(
+        model: LlamaForPagedLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host loads queued on the engine thread (the GPU path) know their outcome at queue time:
+    the step commits its blocks before it waits for the copies, and a page gone since the lookup
+    still rolls its request back (its blocks are not committed)."""
+    rng = random.Random(5)
+    p = prompt(rng, 53)
+    (ref,) = reference(model, [p])
+    engine = make_engine(model, cpu_inline=True)
+    engine.generate([p], GREEDY)
+    clear_hbm(engine)
+    keys = engine.namespace.chain(p).keys
+    worker = engine.connector.worker  # type: ignore[union-attr]
+    seen: list[list[bool]] = []
+    wait = worker.wait_for_loads
+
+    def recording_wait() -> None:
+        seen.append([engine.pool.block_of(k) is not None for k in keys[:3]])
+        wait()
+
+    monkeypatch.setattr(worker, "wait_for_loads", recording_wait)
+    (warm,) = engine.generate([p], GREEDY)
+    assert warm.output_token_ids == ref and warm.metrics.num_tokens_reused["host"] == 48
+    assert seen[0] == [True, True, True]  # committed before the wait for the copies
+    assert_clean(engine)
+    close(engine)
+
+
+def test_settled_load_errors_are_the_reported_ones(model: LlamaForPagedLM,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the worker says is settled before the copies equals what it reports after them,
+    for a load whose later pages were deleted between the lookup and the load."""
+    p = prompt(random.Random(6), 53)
+    (ref,) = reference(model, [p])
+    engine = make_engine(model, cpu_inline=True)
+    engine.generate([p], GREEDY)
+    clear_hbm(engine)
+    worker = engine.connector.worker  # type: ignore[union-attr]
+    assert worker.settled_load_errors() is None  # nothing bound
+    keys = engine.namespace.chain(p).keys
+    settled: list[set[int] | None] = []
+    reported: list[set[int]] = []
+    start, errs = worker.start_load_kv, worker.get_block_ids_with_load_errors
+
+    def start_after_delete() -> None:
+        engine.store.delete([keys[1], keys[2]])  # type: ignore[union-attr]
+        start()
+        settled.append(worker.settled_load_errors())
+
+    monkeypatch.setattr(worker, "start_load_kv", start_after_delete)
+    monkeypatch.setattr(worker, "get_block_ids_with_load_errors",
+                        lambda: (reported.append(errs()), reported[-1])[1])
+    (warm,) = engine.generate([p], GREEDY)
+    assert warm.output_token_ids == ref
+    assert warm.metrics.num_tokens_load_failed == 32
+    assert settled[0] is not None and len(settled[0]) == 2 and settled[0] == reported[0]
+    assert_clean(engine)
+    close(engine)
