@@ -58,15 +58,17 @@ def staging_host(conn: ConnectorConfig, store: TieredStore) -> str:
 
 
 def connect_daemon(target: str, layout: KVLayout, *, token: str | None = None,
-                   namespace_id: bytes | None = None, cuda: bool = False) -> DaemonStore:
+                   namespace_id: bytes | None = None, cuda: bool = False,
+                   secret: bytes | None = None) -> DaemonStore:
     """A :class:`~connector.daemon.DaemonStore` at ``target`` for an engine whose pages are
     ``layout``; page-locked for DMA when ``cuda``. The daemon's host slab has the page size of
     its configured ``[layout]``, and every key's namespace the layout's fingerprint, so its
     layout must be exactly the engine's: a mismatch raises InvalidArgument naming both (and
-    the ``[layout]`` to start the daemon with). Raises DaemonUnavailable when nothing answers."""
+    the ``[layout]`` to start the daemon with). ``secret``: the deployment secret, for the
+    byte path's page seals (see DaemonStore). Raises DaemonUnavailable when nothing answers."""
     from connector.daemon import DaemonStore
 
-    remote = DaemonStore(target, namespace_id, token=token)
+    remote = DaemonStore(target, namespace_id, token=token, secret=secret)
     try:
         if remote.layout != layout:
             want = ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}"

@@ -160,7 +160,8 @@ class EngineState:
                 self.store.close()
                 raise
         else:
-            self.daemon = connect_daemon(daemon[0], layout, token=daemon[1])
+            self.daemon = connect_daemon(daemon[0], layout, token=daemon[1],
+                                         secret=cfg.security.secret_bytes())
             try:
                 self.host = self.daemon.staging_tier().name
                 if cfg.connector.host_tier not in (None, self.host):

@@ -53,6 +53,7 @@ from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
+from kvstore.record import WIRE, RecordMac, wire_fields
 from kvstore.results import Lease, LookupResult, PutResult
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.tiers.base import check_keys
@@ -126,13 +127,16 @@ class DaemonStore:
     ``host:port`` for TCP with ``token``). ``namespace_id``: the default namespace of calls that
     name none (lookup, delete, read_pages, watch); None: such calls must name one (see the
     module docstring). ``timeout_s``: the deadline of each call; ``prefetch_timeout_s`` of a
-    prefetch. Raises DaemonUnavailable when the first connection fails (a later outage only
-    degrades, see the module docstring)."""
+    prefetch. ``secret``: the deployment secret (``security.secret``, the daemon's), which
+    keys the seals of the pages :meth:`read_pages` and :meth:`write_pages` move over the wire
+    (None: the public key, an integrity check only). Raises DaemonUnavailable when the first
+    connection fails (a later outage only degrades, see the module docstring)."""
 
     def __init__(self, target: str, namespace_id: bytes | None = None, *, token: str | None = None,
                  timeout_s: float = 5.0, prefetch_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, reconnect_interval_s: float = 0.5,
-                 max_message_bytes: int = 64 << 20, metrics: Metrics | None = None) -> None:
+                 max_message_bytes: int = 64 << 20, metrics: Metrics | None = None,
+                 secret: bytes | None = None) -> None:
         if namespace_id is not None:
             _check_ns(namespace_id)
         self.target = target[len("tcp://"):] if target.startswith("tcp://") else target
@@ -147,6 +151,9 @@ class DaemonStore:
                          ("grpc.initial_reconnect_backoff_ms", 100),
                          ("grpc.max_reconnect_backoff_ms", 1000)]
         self.metrics = metrics if metrics is not None else Metrics()
+        self._mac = RecordMac(secret)  # the byte path's page seals; raises for a short secret
+        #: pages read over the wire whose seal does not verify (misses)
+        self._m_bad_seal = self.metrics.corrupt.labels(WIRE, "mac")
         self._m_fail = self.metrics.counter(
             "kvstore_daemon_client_failures", "Daemon calls that failed to reach it.", ["call"])
         self.failures: Counter[str] = Counter()
@@ -606,27 +613,42 @@ class DaemonStore:
     def read_pages(self, keys: Sequence[bytes], out: np.ndarray) -> int:
         """Read the pages of the leading ``keys`` held under ``namespace_id`` as bytes over the
         wire (the cross-node path) into ``out`` (``(len(keys), page_bytes)`` uint8). Returns how
-        many leading pages arrived."""
+        many leading pages arrived with a seal that verifies: a page whose seal does not is a
+        miss (counted as ``kvstore_tier_corrupt_records{tier="wire",reason="mac"}``) and ends
+        the run."""
         stub = self._ensure()
-        req = pb.ReadPagesRequest(namespace_id=self._ns(None), keys=list(keys))
+        ns, keys = self._ns(None), list(keys)
+        req = pb.ReadPagesRequest(namespace_id=ns, keys=keys)
         n = 0
+        call = stub.ReadPages(req, timeout=self.prefetch_timeout_s, metadata=self._md)
         try:
-            for page in stub.ReadPages(req, timeout=self.prefetch_timeout_s, metadata=self._md):
-                out[page.index] = np.frombuffer(page.data, np.uint8)
-                n = page.index + 1
+            for page in call:
+                i = page.index
+                if i >= len(keys) or not self._mac.verify_seal(
+                        wire_fields(b"R", ns, keys[i]), page.data, page.seal):
+                    self._m_bad_seal.inc()  # a miss: the run of pages ends here
+                    log.warning("read_pages: the page of key %d arrived with a seal that does "
+                                "not verify (another deployment secret, or changed on the way)", i)
+                    call.cancel()
+                    break
+                out[i] = np.frombuffer(page.data, np.uint8)
+                n = i + 1
         except grpc.RpcError as err:
             raise error_of(err) from None
         return n
 
     def write_pages(self, metas: Sequence[BlockMeta], pages: np.ndarray) -> PutResult:
-        """Store pages sent as bytes over the wire (the cross-node path)."""
+        """Store pages sent as bytes over the wire (the cross-node path), each sealed with the
+        deployment secret: the daemon refuses (and counts) a page whose seal does not verify."""
         stub = self._ensure()
 
         def messages() -> Iterator[Any]:
             for i, m in enumerate(metas):
+                seal = self._mac.seal(
+                    wire_fields(b"W", m.namespace_id, m.key, m.parent, m.token_ids), pages[i])
                 yield pb.WritePage(namespace_id=m.namespace_id if i == 0 else b"",
                                    block=pb.Block(key=m.key, parent=m.parent, token_ids=m.token_ids),
-                                   data=pages[i].tobytes())
+                                   data=pages[i].tobytes(), seal=seal)
 
         try:
             r = stub.WritePages(messages(), timeout=self.prefetch_timeout_s, metadata=self._md)

@@ -358,24 +358,28 @@ class ReadPagesRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Page(_message.Message):
-    __slots__ = ("index", "tier", "data")
+    __slots__ = ("index", "tier", "data", "seal")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     index: int
     tier: str
     data: bytes
-    def __init__(self, index: _Optional[int] = ..., tier: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    seal: bytes
+    def __init__(self, index: _Optional[int] = ..., tier: _Optional[str] = ..., data: _Optional[bytes] = ..., seal: _Optional[bytes] = ...) -> None: ...
 
 class WritePage(_message.Message):
-    __slots__ = ("namespace_id", "block", "data")
+    __slots__ = ("namespace_id", "block", "data", "seal")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     block: Block
     data: bytes
-    def __init__(self, namespace_id: _Optional[bytes] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    seal: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., data: _Optional[bytes] = ..., seal: _Optional[bytes] = ...) -> None: ...
 
 class DeclinedRequest(_message.Message):
     __slots__ = ("namespace_id", "blocks")

@@ -43,8 +43,8 @@ class EvictionPolicy(ABC):
     name: str = ""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"policy capacity must be >= 1 page, got {capacity}")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(f"policy capacity must be an int >= 1 page, got {capacity!r:.40}")
         self.capacity = capacity
 
     @abstractmethod

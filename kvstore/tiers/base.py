@@ -69,6 +69,11 @@ class Tier(ABC):
     def __init__(
         self, name: str, layout: KVLayout, capacity_pages: int, metrics: Metrics | None = None
     ) -> None:
+        if not isinstance(capacity_pages, int) or isinstance(capacity_pages, bool):
+            raise InvalidArgument(
+                f"tier {name!r}: capacity_pages must be an int, got {capacity_pages!r:.40}",
+                hint="give a whole number of pages (a config's capacity may be a size in bytes)",
+            )
         if capacity_pages < 1:
             raise InvalidArgument(
                 f"tier {name!r} holds {capacity_pages} pages of {layout.page_bytes} bytes",

@@ -32,6 +32,7 @@ from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError
+from kvstore.record import RecordMac
 from server.daemon.service import DaemonService, Limits
 from server.daemon.servicer import Servicer, TokenAuth
 
@@ -131,7 +132,8 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     service = DaemonService(store, slab.name, slab.nbytes, limits=Limits(
         dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota))
     stopping = threading.Event()
-    servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions)
+    servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions,
+                        mac=RecordMac(cfg.security.secret_bytes()))
     hs = health.HealthServicer()
     for name in ("", SERVICE_NAME):  # grpc's servicer starts "" as SERVING: not before we are
         hs.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -20,6 +20,7 @@ from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.keys import BlockMeta
+from kvstore.record import WIRE, RecordMac, wire_fields
 from server.daemon.service import DaemonService, check_namespace
 
 log = logging.getLogger("kvstore.daemon")
@@ -67,10 +68,16 @@ def _error_reply(code: grpc.StatusCode, message: str) -> Any:
 
 
 class Servicer(pb_grpc.KVStoreDaemonServicer):
+    """``mac``: seals the pages ReadPages sends and verifies those WritePages receives (keyed
+    by the deployment secret; None: the public key, an integrity check only)."""
+
     def __init__(self, service: DaemonService, stopping: threading.Event, *,
-                 max_streams: int = 256) -> None:
+                 max_streams: int = 256, mac: RecordMac | None = None) -> None:
         #: open LookupStream calls allowed at once (each holds a handler thread)
         self.max_streams = max_streams
+        self._mac = mac if mac is not None else RecordMac(None)
+        #: pages received with a seal that does not verify (refused, never stored)
+        self._m_bad_seal = service.store.metrics.corrupt.labels(WIRE, "mac")
         self.service = service
         self.stopping = stopping
         layout = service.store.layout
@@ -260,9 +267,11 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
             hub.unwatch(watcher)
 
     def ReadPages(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        ns, keys = request.namespace_id, list(request.keys)
         try:
-            for i, tier, page in self.service.read_pages(request.namespace_id, list(request.keys)):
-                yield pb.Page(index=i, tier=tier, data=page.tobytes())
+            for i, tier, page in self.service.read_pages(ns, keys):
+                seal = self._mac.seal(wire_fields(b"R", ns, keys[i]), page)
+                yield pb.Page(index=i, tier=tier, data=page.tobytes(), seal=seal)
         except KVStoreError as exc:
             context.abort(status_of(exc), message_of(exc))
 
@@ -272,6 +281,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         ns = b""
         metas: list[BlockMeta] = []
         pages: list[bytes] = []
+        forged = 0
         for msg in request_iterator:
             ns = ns or check_namespace(msg.namespace_id)
             if msg.namespace_id and msg.namespace_id != ns:
@@ -279,13 +289,22 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
             if len(msg.data) != page_bytes:
                 raise InvalidArgument(f"page of block {msg.block.key.hex()} has {len(msg.data)} "
                                       f"bytes; the layout's page is {page_bytes}")
-            metas.append(BlockMeta(ns, msg.block.key, msg.block.parent, msg.block.token_ids))
+            b = msg.block
+            if not self._mac.verify_seal(wire_fields(b"W", ns, b.key, b.parent, b.token_ids),
+                                         msg.data, msg.seal):
+                forged += 1  # not from a holder of the secret, or changed on the way
+                continue
+            metas.append(BlockMeta(ns, b.key, b.parent, b.token_ids))
             pages.append(msg.data)
+        if forged:
+            self._m_bad_seal.inc(forged)
+            log.warning("WritePages: %d page(s) refused: their seal does not verify (another "
+                        "deployment secret, or changed on the way)", forged)
         if not metas:
-            return pb.PutReply()
+            return pb.PutReply(refused=forged)
         arr = np.frombuffer(b"".join(pages), np.uint8).reshape(len(pages), page_bytes)
         r = self.service.write_pages(ns, metas, arr)
-        return pb.PutReply(stored=r.stored, existing=r.existing, refused=r.refused)
+        return pb.PutReply(stored=r.stored, existing=r.existing, refused=r.refused + forged)
 
 
 class TokenAuth(grpc.ServerInterceptor):

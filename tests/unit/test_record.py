@@ -18,6 +18,8 @@ from kvstore import InvalidArgument, KVLayout, Namespace, RecordError
 from kvstore.record import (
     REASONS,
     TAG_BYTES,
+    WIRE_CONTEXT,
+    WIRE_SEAL_BYTES,
     RecordMac,
     decode_record,
     encode_header,
@@ -26,6 +28,7 @@ from kvstore.record import (
     parse_header,
     payload_digest,
     verify_payload,
+    wire_fields,
 )
 from tests.conftest import random_pages
 
@@ -201,6 +204,32 @@ def test_the_mac_is_aes_gmac_over_header_and_payload(record, layout) -> None:
     buf2 = encode_header(parse_header(buf, layout).meta(), layout, payload, RecordMac(None))
     assert buf2[-TAG_BYTES:] == AESGCM(public).encrypt(
         buf2[96 + 4 * n: 108 + 4 * n], b"", buf2[:-TAG_BYTES] + payload)
+
+
+def test_a_wire_seal_is_aes_gmac_of_the_context_fields_and_page(ns) -> None:
+    """The daemon's wire (README): seal = nonce (12 random bytes) || AES-256-GCM tag under the
+    records' key and that nonce, no plaintext, WIRE_CONTEXT || fields || page as associated
+    data; any change to the fields, the page or the seal, or another secret, fails it."""
+    page = np.arange(256, dtype=np.uint8)
+    chain = ns.chain(list(range(8)))
+    fields = wire_fields(b"R", ns.id, chain.keys[0])
+    seal = MAC.seal(fields, page)
+    assert len(seal) == WIRE_SEAL_BYTES == 28
+    key = blake3.blake3(SECRET, derive_key_context="kvstore record MAC v3").digest()
+    assert seal[12:] == AESGCM(key).encrypt(seal[:12], b"", WIRE_CONTEXT + fields + page.tobytes())
+    assert MAC.verify_seal(fields, page, seal)
+    assert MAC.seal(fields, page)[:12] != seal[:12]  # a fresh nonce per page
+    flipped = page.copy()
+    flipped[3] ^= 1
+    assert not MAC.verify_seal(fields, flipped, seal)
+    assert not MAC.verify_seal(wire_fields(b"W", ns.id, chain.keys[0]), page, seal)
+    assert not MAC.verify_seal(wire_fields(b"R", ns.id, chain.keys[1]), page, seal)
+    for i in (0, 13, 27):
+        assert not MAC.verify_seal(fields, page, seal[:i] + bytes([seal[i] ^ 1]) + seal[i + 1:])
+    assert not MAC.verify_seal(fields, page, seal[:-1])
+    assert not MAC.verify_seal(fields, page, b"")
+    assert not RecordMac(None).verify_seal(fields, page, seal)
+    assert not RecordMac(b"another-secret-0123456789").verify_seal(fields, page, seal)
 
 
 def test_every_record_gets_its_own_nonce(record, layout) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from kvstore import KVLayout, Metrics, Namespace, TieredStore
 from kvstore.errors import InvalidArgument, LeaseError, StoreClosed
+from kvstore.policy import make_policy
 from kvstore.tiers.host import HostTier
 
 LAYOUT = KVLayout(1, 1, 8, 4, "float16")  # 64-byte pages
@@ -120,6 +121,22 @@ def test_bad_arguments_are_refused_by_name_and_change_nothing(call, names) -> No
 def test_bad_store_settings_are_refused_by_name(kw, names) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidArgument, match=names):
         store(**kw)
+
+
+@pytest.mark.parametrize("kind", ["host", "disk"])
+@pytest.mark.parametrize("capacity", [1.5, "4", True, None])
+def test_a_capacity_that_is_not_an_int_is_refused_by_name(kind: str, capacity: object,
+                                                          tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from kvstore.tiers.disk import DiskTier
+
+    with pytest.raises(InvalidArgument, match="tier 't': capacity_pages must be an int"):
+        if kind == "host":
+            HostTier("t", LAYOUT, capacity, Metrics())  # type: ignore[arg-type]
+        else:
+            DiskTier("t", LAYOUT, capacity, Metrics(), path=tmp_path / "d")  # type: ignore[arg-type]
+    assert not (tmp_path / "d").exists()  # nothing created
+    with pytest.raises(ValueError, match="policy capacity must be an int"):
+        make_policy("lru", capacity)  # type: ignore[arg-type]
 
 
 def test_an_impossible_host_capacity_is_refused_by_name() -> None:
