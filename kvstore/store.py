@@ -768,6 +768,13 @@ class TieredStore(StagingPath):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def open_store_handles(self) -> int:
+        """Saves prepared (:meth:`prepare_store`) and not yet completed or aborted: a writer's
+        pages in flight, not visible to readers yet."""
+        with self._lock:
+            return len(self._stores)
+
     def close(self) -> None:
         """Finish background copies, stop the store's threads and close every tier. Every later
         call raises StoreClosed, but those that tear down or look (``drain``, which has nothing

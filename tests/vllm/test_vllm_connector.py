@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ def _each_from_connector(llm: Any, expected: list[list[int]]) -> None:
 
 def _drop_host(llm: Any) -> None:
     store = engine_store(engine_id(llm))
+    # vLLM returns a request's output before the connector's saver thread published its pages
+    # (complete_store): evicting before that would miss the late ones, and their write-through
+    # copies would read pages gone from host
+    deadline = time.monotonic() + 30
+    while store.open_store_handles:
+        assert time.monotonic() < deadline, "saves still in flight after 30 s"
+        time.sleep(0.01)
     store.drain()
     host = store.tier("host")
     store.evict(host.used_pages, tier="host")  # written through: disk/Redis keep theirs
