@@ -17,6 +17,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 import lmdb
@@ -230,6 +231,9 @@ def spy_threads(monkeypatch: pytest.MonkeyPatch, module: object) -> set[str]:
 
     def spy(*args: object, **kwargs: object) -> None:
         names.add(threading.current_thread().name)
+        # hold the worker a little: the pool's idle workers take the batch's other pages (on a
+        # loaded 2-core machine one worker could otherwise drain the queue before another woke)
+        time.sleep(0.02)
         real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(module, "verify_payload", spy)
