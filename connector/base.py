@@ -275,9 +275,16 @@ class ConnectorStats:
 class KVConnectorScheduler(ABC):
     """Scheduler side. Not thread-safe: one scheduler loop drives it. Never waits for copies."""
 
+    @property
+    def keys_namespace_id(self) -> bytes | None:
+        """The namespace (id) whose chain keys :meth:`get_num_new_matched_tokens` takes as
+        ``block_keys``; None: it takes none."""
+        return None
+
     @abstractmethod
     def get_num_new_matched_tokens(
-        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int
+        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int, *,
+        block_keys: Sequence[bytes] | None = None,
     ) -> LoadMatch:
         """Tokens of ``token_ids`` past ``num_computed_tokens`` (the engine's own prefix hits,
         a multiple of ``block_size``) that can be loaded: whole blocks, never the last token
@@ -285,7 +292,11 @@ class KVConnectorScheduler(ABC):
         or ``update_state_after_alloc`` / ``request_finished`` drops them; a second call for the
         same request replaces the first. Never blocks: when the answer needs a remote tier, it
         returns a pending match (``num_tokens`` None) and the engine asks again on a later step.
-        Raises InvalidArgument for a bad argument."""
+        ``block_keys``: the chain keys of ``token_ids``' full blocks under the connector's
+        namespace (at least all but the last token's), when the caller hashed them already (an
+        engine's prefix cache does: a 32K-token prompt's 2048 keys take ~1 ms to hash); the
+        connector checks that the first and the last of them hash from the namespace and their
+        tokens. Raises InvalidArgument for a bad argument."""
 
     @abstractmethod
     def update_state_after_alloc(

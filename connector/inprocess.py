@@ -85,7 +85,7 @@ from connector.base import (
 )
 from connector.transfer import CopyFn, LayerTransfer, SaveBuffer, make_transfer
 from kvstore.errors import InvalidArgument, LeaseError
-from kvstore.keys import BlockMeta, Namespace
+from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
 from kvstore.ops import copy_spans
 from kvstore.results import Lease, LookupResult
 from kvstore.staging import LoadHandle, StoreHandle
@@ -178,8 +178,13 @@ class InProcessScheduler(KVConnectorScheduler):
         self._saves: list[SaveSpec] = []
         self._transfers: set[str] = set()  # requests with saves or async loads handed out
 
+    @property
+    def keys_namespace_id(self) -> bytes:
+        return self.namespace.id
+
     def get_num_new_matched_tokens(
-        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int
+        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int, *,
+        block_keys: Sequence[bytes] | None = None,
     ) -> LoadMatch:
         B = self.block_size
         if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0 or num_computed_tokens % B:
@@ -189,11 +194,14 @@ class InProcessScheduler(KVConnectorScheduler):
             )
         max_blocks = (len(token_ids) - 1) // B if len(token_ids) else 0
         start = num_computed_tokens // B
-        chain = self.namespace.chain(list(token_ids[: max_blocks * B]))  # validates the ids
+        if block_keys is None:
+            all_keys = self.namespace.chain(list(token_ids[: max_blocks * B])).keys  # checks ids
+        else:
+            all_keys = self._given_keys(token_ids, block_keys, max_blocks)
         self._drop(request_id, lookups=False)
         if start >= max_blocks:
             return LoadMatch(0, False)
-        keys = tuple(chain.keys[start:max_blocks])
+        keys = tuple(all_keys[start:max_blocks])
         found = self._lookup(request_id, keys)
         if found is None:
             self.pending_answers += 1
@@ -214,6 +222,32 @@ class InProcessScheduler(KVConnectorScheduler):
                 lease = None  # expired already: the load judges its pages as they are
         self._matches[request_id] = _Match(tuple(keys[:n]), lease, load_async)
         return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
+
+    def _given_keys(self, token_ids: Sequence[int], block_keys: Sequence[bytes],
+                    max_blocks: int) -> Sequence[bytes]:
+        """The caller's keys of the first ``max_blocks`` blocks, once their ends check out: the
+        first hashes from this namespace's seed and its tokens, the last from its parent and
+        its tokens (a caller of another namespace, or keys of other tokens, is refused)."""
+        if isinstance(block_keys, (bytes, str)) or not isinstance(block_keys, Sequence):
+            raise InvalidArgument(
+                f"block_keys must be a sequence of keys, got {type(block_keys).__name__}")
+        if len(block_keys) < max_blocks:
+            raise InvalidArgument(
+                f"block_keys has {len(block_keys)} keys, the prompt has {max_blocks} full "
+                "blocks before its last token")
+        if not max_blocks:
+            return ()
+        B = self.block_size
+        ends = {0, max_blocks - 1}
+        for i in ends:
+            parent = block_keys[i - 1] if i else self.namespace.seed
+            want = chain_keys(parent, token_bytes(list(token_ids[i * B: (i + 1) * B])), B)
+            if [block_keys[i]] != want:
+                raise InvalidArgument(
+                    f"block_keys[{i}] is not the key of block {i} of these tokens in namespace "
+                    f"{self.namespace.model_id!r}",
+                    hint="pass keys hashed under the connector's namespace, or none")
+        return block_keys
 
     def _lookup(self, request_id: str, keys: tuple[bytes, ...]) -> LookupResult | None:
         """The leased lookup of ``keys``, or None while a remote part of it is in flight. The

@@ -57,7 +57,7 @@ from kvstore.tiers.hbm import HBMTier
 from kvstore.local_owner import LocalOwner
 from kvstore.tiers.slab import SlabSlots
 from runtime.attention import DEFAULT_BACKEND
-from runtime.batch import ID_OK, SeqInput, build_batch, first_bad_id
+from runtime.batch import SeqInput, build_batch, first_bad_id, id_array, int32le
 from runtime.config import get_model_config
 from runtime.model import LlamaForPagedLM, StepGraphsMode
 from runtime.request import Request, RequestOutput
@@ -309,13 +309,14 @@ class Engine:
             raise InvalidArgument(
                 f"a prompt is a sequence of token ids, got {type(prompt_token_ids).__name__}",
                 hint="tokenize the text first (e.g. runtime.tokenizer.ByteTokenizer)")
-        prompt = list(prompt_token_ids)
-        if not prompt:
+        if not len(prompt_token_ids):
             raise InvalidArgument("the prompt is empty", hint="pass at least one token id")
-        bad = first_bad_id(prompt, cfg.vocab_size)
-        if bad is not ID_OK:
+        ids = id_array(prompt_token_ids, cfg.vocab_size)
+        if ids is None:
+            bad = first_bad_id(list(prompt_token_ids), cfg.vocab_size)
             raise InvalidArgument(f"prompt token id {bad!r} is outside [0, {cfg.vocab_size})",
                                   hint="tokenize with the model's tokenizer")
+        prompt = ids.tolist()  # plain ints, also from numpy integers
         params.check_vocab(cfg.vocab_size)
         if len(prompt) + params.max_tokens > cfg.max_position_embeddings:
             raise InvalidArgument(
@@ -332,7 +333,8 @@ class Engine:
             raise InvalidArgument(f"request id {request_id!r} is already in use",
                                   hint="leave request_id unset to get a fresh one")
         req = Request(request_id, prompt, params,
-                      self._clock() if arrival_time is None else arrival_time)
+                      self._clock() if arrival_time is None else arrival_time,
+                      prompt_bytes=int32le(ids))
         self._known_ids.add(request_id)
         self.scheduler.add(req)
         return request_id

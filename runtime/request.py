@@ -81,6 +81,9 @@ class Request:
     params: SamplingParams
     arrival_time: float
     token_ids: list[int] = field(default_factory=list)
+    #: The prompt's ids as int32le bytes (what block keys hash), when the caller had them (the
+    #: engine converts a prompt once, in ``add_request``); empty: converted where needed.
+    prompt_bytes: bytes = b""
     status: RequestStatus = RequestStatus.WAITING
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

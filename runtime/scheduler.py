@@ -120,6 +120,9 @@ class Scheduler:
         self.num_tokens_loaded = 0  # tokens loaded through the connector (successfully)
         self.num_tokens_load_failed = 0  # tokens whose load failed (recomputed)
         self.connector = connector
+        #: the connector takes the keys this scheduler hashes (same namespace): hashed once
+        self._same_namespace = (connector is not None
+                                and connector.scheduler.keys_namespace_id == namespace.id)
         self._admissions = itertools.count()
         #: waiting requests the last schedule() skipped: their connector lookup is in flight
         self.num_pending_lookups = 0
@@ -249,8 +252,11 @@ class Scheduler:
         if req.connector_id is None:
             req.connector_id = f"{req.request_id}#{next(self._admissions)}"
         cid = req.connector_id
+        max_hit = (req.num_tokens - 1) // self.block_size
+        self._ensure_keys(req, max_hit)  # hashed once: the connector gets them too
         match = conn.scheduler.get_num_new_matched_tokens(
-            cid, req.token_ids, hits * self.block_size)
+            cid, req.token_ids, hits * self.block_size,
+            block_keys=req.block_keys if self._same_namespace else None)
         if match.num_tokens is None:
             return None
         nblk = match.num_tokens // self.block_size
@@ -452,7 +458,7 @@ class Scheduler:
         """Identities of the request's full blocks ``[start, stop)``."""
         self._ensure_keys(req, stop)
         step = self.block_size * 4
-        data = token_bytes(req.token_ids[start * self.block_size: stop * self.block_size])
+        data = _token_data(req, start * self.block_size, stop * self.block_size)
         return [
             BlockMeta(self.namespace.seed, req.block_keys[i],
                       req.block_keys[i - 1] if i else self.namespace.seed,
@@ -466,7 +472,7 @@ class Scheduler:
         if have >= num_blocks:
             return
         parent = req.block_keys[-1] if have else self.namespace.seed
-        data = token_bytes(req.token_ids[have * self.block_size: num_blocks * self.block_size])
+        data = _token_data(req, have * self.block_size, num_blocks * self.block_size)
         req.block_keys.extend(chain_keys(parent, data, self.block_size))
 
     def _finish(self, req: Request, reason: str, *, error: str | None = None) -> None:
@@ -479,6 +485,14 @@ class Scheduler:
         req.error = error
         req.finished_time = self._clock()
         self._finished.append(req)
+
+
+def _token_data(req: Request, start: int, stop: int) -> bytes:
+    """int32le bytes of the request's tokens ``[start, stop)`` (as block keys hash them): a
+    slice of the prompt's bytes where they cover it, else converted (output tokens)."""
+    if stop * 4 <= len(req.prompt_bytes):
+        return req.prompt_bytes[start * 4: stop * 4]
+    return token_bytes(req.token_ids[start:stop])
 
 
 __all__ = ["EngineConnector", "ScheduledChunk", "Scheduler", "SchedulerConfig"]

@@ -21,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,9 @@ from kvstore.ops import copy_spans
 from kvstore.tiers.base import Tier
 from kvstore.tiers.slab import SlabSlots
 from kvstore.tiers.slots import SlotReads
+
+
+_NAMESPACE_OF = operator.attrgetter("namespace_id")
 
 
 class HostTier(SlotReads, SlabSlots, Tier):
@@ -91,22 +95,31 @@ class HostTier(SlotReads, SlabSlots, Tier):
             return self._index.get(key)
 
     def pin_leading(self, keys: Sequence[bytes], namespace_id: bytes) -> list[int]:
-        out: list[int] = []
+        # C loops where it can (a 32K-token hit pins 2048 slots before its load can start):
+        # slots, then their pages' namespaces, then the counts
         with self._lock:
-            for key in keys:
-                slot = self._index.get(key)
-                meta = None if slot is None else self._metas[slot]
-                if meta is None or meta.namespace_id != namespace_id:
-                    break
-                self._readers[slot] += 1  # type: ignore[index]
-                out.append(slot)  # type: ignore[arg-type]
+            found = list(map(self._index.get, keys))
+            n = found.index(None) if None in found else len(found)
+            out: list[int] = found[:n]  # type: ignore[assignment]
+            if n:
+                metas = map(self._metas.__getitem__, out)  # indexed slots hold a meta
+                ns = list(map(_NAMESPACE_OF, metas))
+                if ns.count(namespace_id) != n:  # another namespace's page ends the run
+                    n = next(i for i, x in enumerate(ns) if x != namespace_id)
+                    del out[n:]
+            readers = self._readers
+            for slot in out:
+                readers[slot] += 1
         return out
 
     def unpin(self, slots: Sequence[int]) -> None:
         with self._lock:
+            readers = self._readers
             for slot in slots:
-                self._readers[slot] -= 1
-                self._after_unpin(slot)
+                readers[slot] -= 1
+            if self._zombies:  # an unlinked slot frees when its last reader leaves
+                for slot in self._zombies.intersection(slots):
+                    self._after_unpin(slot)
 
     def reserve(self, n: int) -> list[int]:
         with self._lock:
