@@ -65,6 +65,14 @@ def test_bad_sampling_params(kwargs: dict[str, object], match: str) -> None:
         ([1] * 250, SamplingParams(max_tokens=7), "max_position_embeddings"),
         ([1, 2], SamplingParams(stop_token_ids=[600]), "stop_token_ids"),
         ([1, 2], "greedy", "SamplingParams"),
+        # long prompts take the bulk check (runtime.batch.id_array): the same refusals
+        ([5] * 100 + [True], SamplingParams(), "token id True is outside"),
+        ([5] * 100 + [False], SamplingParams(), "token id False is outside"),
+        ([5] * 100 + [512], SamplingParams(), "token id 512 is outside"),
+        ([5] * 100 + [-1], SamplingParams(), "token id -1 is outside"),
+        ([5] * 100 + [2.0], SamplingParams(), "token id 2.0 is outside"),
+        ([5] * 100 + ["7"], SamplingParams(), "token id '7' is outside"),
+        ([5] * 100 + [2**40], SamplingParams(), "outside"),
     ],
 )
 def test_bad_requests_raise_and_change_nothing(
@@ -83,6 +91,20 @@ def test_bad_requests_raise_and_change_nothing(
         outs += engine.step()
     assert [o.request_id for o in outs] == [good]
     assert len(outs[0].output_token_ids) == 4
+
+
+@pytest.mark.parametrize("n", [3, 100])
+def test_numpy_integer_ids_are_token_ids(model: LlamaForPagedLM, n: int) -> None:
+    """A prompt of numpy integers (``list(array)``) runs like the same ints, and its output
+    holds plain ints; ids 0 and 1 pass the bulk check's bool screen."""
+    import numpy as np
+
+    ids = [0, 1] + [int(x) for x in np.random.default_rng(n).integers(2, 512, n - 2)]
+    params = SamplingParams(max_tokens=3)
+    (want,) = make_engine(model).generate([ids], params)
+    (got,) = make_engine(model).generate([list(np.array(ids, dtype=np.int64))], params)
+    assert got.output_token_ids == want.output_token_ids
+    assert got.prompt_token_ids == ids and {type(t) for t in got.prompt_token_ids} == {int}
 
 
 def test_duplicate_request_id(model: LlamaForPagedLM) -> None:
