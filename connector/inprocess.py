@@ -194,6 +194,7 @@ class InProcessScheduler(KVConnectorScheduler):
             )
         max_blocks = (len(token_ids) - 1) // B if len(token_ids) else 0
         start = num_computed_tokens // B
+        all_keys: Sequence[bytes]
         if block_keys is None:
             all_keys = self.namespace.chain(list(token_ids[: max_blocks * B])).keys  # checks ids
         else:
