@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import array
 import sys
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal

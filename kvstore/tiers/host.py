@@ -21,10 +21,12 @@ Guarantees:
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from itertools import takewhile
 
 import numpy as np
 
@@ -40,6 +42,7 @@ from kvstore.tiers.slots import SlotReads
 
 
 _NAMESPACE_OF = operator.attrgetter("namespace_id")
+_IS_SLOT = functools.partial(operator.is_not, None)  # index.get's miss; slot 0 is a hit
 
 
 class HostTier(SlotReads, SlabSlots, Tier):
@@ -98,9 +101,8 @@ class HostTier(SlotReads, SlabSlots, Tier):
         # C loops where it can (a 32K-token hit pins 2048 slots before its load can start):
         # slots, then their pages' namespaces, then the counts
         with self._lock:
-            found = list(map(self._index.get, keys))
-            n = found.index(None) if None in found else len(found)
-            out: list[int] = found[:n]  # type: ignore[assignment]
+            out: list[int] = list(takewhile(_IS_SLOT, map(self._index.get, keys)))  # type: ignore[arg-type]
+            n = len(out)
             if n:
                 metas = map(self._metas.__getitem__, out)  # indexed slots hold a meta
                 ns = list(map(_NAMESPACE_OF, metas))
