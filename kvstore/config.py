@@ -175,6 +175,10 @@ class DaemonConfig(Strict):
         None, description="bytes of the staging tier one namespace may hold; None: no quota")
     drain_timeout_s: PositiveFloat = Field(10.0, description="SIGTERM: wait this long for calls")
     workers: int = Field(32, ge=4, le=1024, description="gRPC handler threads per listener")
+    lane: bool = Field(True, description="serve the local lane: lookups, leases and the staging "
+                       "calls of same-node clients on <socket>.lane (0600), beside gRPC")
+    lane_connections: PositiveInt = Field(
+        1024, description="lane connections open at once (a client opens up to 4)")
 
     @model_validator(mode="after")
     def _tcp_needs_token(self) -> DaemonConfig:

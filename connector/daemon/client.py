@@ -5,7 +5,9 @@
 ``metrics``, ``read_bandwidth``, ``write_policy``), so :class:`~connector.inprocess.
 InProcessScheduler` and :class:`~connector.inprocess.InProcessWorker` run over it unchanged.
 
-Control over gRPC, data through shared memory: the handshake (the session stream's first
+Control over gRPC -- on one node, the hot calls (lookups, leases, the staging path) over the
+daemon's local lane (:mod:`.lane`), a plain Unix socket that costs a fraction of a gRPC call --
+data through shared memory: the handshake (the session stream's first
 message) names the host tier's ``/dev/shm`` segment; the client maps it, and every handle's
 ``slab`` is that mapping, so the worker copies between its KV cache and the daemon's slots with
 no copy through the daemon. :meth:`register_for_dma` page-locks the mapping for a CUDA cache
@@ -44,6 +46,7 @@ import grpc
 import numpy as np
 
 from connector.daemon.errors import DaemonUnavailable, error_of, error_of_status
+from connector.daemon.lane import METHOD_NUMBER, Lane, LaneBusy, LaneRefused
 from connector.daemon.shm import SharedSlab
 from connector.daemon.stream import CallStream, StreamEnded
 from connector.proto import kvstore_daemon_pb2 as pb
@@ -136,7 +139,7 @@ class DaemonStore:
                  timeout_s: float = 5.0, prefetch_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, reconnect_interval_s: float = 0.5,
                  max_message_bytes: int = 64 << 20, metrics: Metrics | None = None,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, lane: bool = True) -> None:
         if namespace_id is not None:
             _check_ns(namespace_id)
         self.target = target[len("tcp://"):] if target.startswith("tcp://") else target
@@ -172,6 +175,12 @@ class DaemonStore:
         self._reconnector: threading.Thread | None = None
         #: lookups go as messages of one open call (see _lookup_call), opened at the first
         self._lookup_stream: CallStream | None = None
+        #: the daemon's local lane (a Unix-socket daemon that serves one; ``lane=False``: never)
+        self._use_lane = lane and self.target.startswith("unix:")
+        self._lane: Lane | None = None
+        self._max_message_bytes = max_message_bytes
+        #: calls answered, by path: "lane", "grpc"
+        self.calls: Counter[str] = Counter()
         self._lookup_lock = threading.Lock()  # the stream's one caller at a time
         self._stream_refused_until = 0.0  # monotonic: the daemon had no stream to spare
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvstore-daemon-client")
@@ -231,7 +240,13 @@ class DaemonStore:
         old = self._channel
         self._channel, self._stub, self._stream = channel, stub, stream
         self._session_id = info.session_id
+        old_lane, self._lane = self._lane, None
+        if self._use_lane and info.lane_socket:
+            self._lane = Lane(info.lane_socket, info.session_id,
+                              max_frame=self._max_message_bytes)
         self._connected = True
+        if old_lane is not None:
+            old_lane.close()
         if old is not None:
             old.close()
         threading.Thread(target=self._watch_session, args=(stream,), daemon=True,
@@ -258,6 +273,10 @@ class DaemonStore:
         return self._stub
 
     def _call(self, name: str, request: Any, timeout_s: float | None = None) -> Any:
+        reply = self._lane_call(name, request, timeout_s)
+        if reply is not None:
+            return reply
+        self.calls["grpc"] += 1
         try:
             stub = self._ensure()
             if "session_id" in request.DESCRIPTOR.fields_by_name:
@@ -269,6 +288,31 @@ class DaemonStore:
             if isinstance(exc, DaemonUnavailable):
                 self._lost()
             raise exc from None
+
+    def _lane_call(self, name: str, request: Any, timeout_s: float | None) -> Any | None:
+        """The reply over the local lane; None when the call must go over gRPC (no lane, not a
+        lane call, every lane connection busy, the daemon refused the lane). Raises what
+        :meth:`_call` raises."""
+        lane = self._lane
+        if lane is None or name not in METHOD_NUMBER:
+            return None
+        self._ensure()
+        try:
+            reply = lane.call(name, request, timeout_s or self.timeout_s)
+        except LaneRefused as exc:
+            log.info("the daemon's local lane is not open to this client (%s): using gRPC", exc)
+            with self._lock:
+                if self._lane is lane:
+                    self._lane = None
+            lane.close()
+            return None
+        except LaneBusy:
+            return None
+        except DaemonUnavailable:
+            self._lost()
+            raise
+        self.calls["lane"] += 1
+        return reply
 
     def _lost(self) -> None:
         with self._lock:
@@ -380,7 +424,11 @@ class DaemonStore:
         """The reply to a LookupRequest: a message on the lookup stream (about half the cost of
         a unary call, see :mod:`.stream`), opened on the live channel when there is none; a
         unary call when another thread's lookup is using the stream, so a slow lookup (a
-        remote tier) never holds up another. Raises what :meth:`_call` raises."""
+        remote tier) never holds up another. The local lane first, when there is one. Raises
+        what :meth:`_call` raises."""
+        reply = self._lane_call("Lookup", req, None)
+        if reply is not None:
+            return reply
         if time.monotonic() < self._stream_refused_until or not self._lookup_lock.acquire(
                 blocking=False):
             return self._call("Lookup", req)
@@ -393,6 +441,7 @@ class DaemonStore:
                 stream = self._lookup_stream = CallStream(stub.LookupStream, self._channel,
                                                           self._md)
             req.session_id = self._session_id  # the session now (it may be a new one)
+            self.calls["grpc"] += 1
             try:
                 r = stream.ask(req, self.timeout_s)
             except grpc.RpcError as err:
@@ -707,6 +756,8 @@ class DaemonStore:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
+        if self._lane is not None:
+            self._lane.close()
         if self._lookup_stream is not None:
             self._lookup_stream.close()
         if self._stream is not None:

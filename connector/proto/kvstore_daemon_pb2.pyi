@@ -50,7 +50,7 @@ class OpenSessionRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "layout", "shm_name", "shm_bytes", "slab_pages", "staging_tier", "tiers", "write_policy", "lease_ttl_s")
+    __slots__ = ("session_id", "layout", "shm_name", "shm_bytes", "slab_pages", "staging_tier", "tiers", "write_policy", "lease_ttl_s", "lane_socket")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class SessionInfo(_message.Message):
     TIERS_FIELD_NUMBER: _ClassVar[int]
     WRITE_POLICY_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    LANE_SOCKET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: Layout
     shm_name: str
@@ -69,7 +70,8 @@ class SessionInfo(_message.Message):
     tiers: _containers.RepeatedCompositeFieldContainer[TierInfo]
     write_policy: str
     lease_ttl_s: float
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_name: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+    lane_socket: str
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_name: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ..., lane_socket: _Optional[str] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("session_id", "namespace_id", "lease", "local_only", "keys")

@@ -1,8 +1,9 @@
 """``kvstore serve``: build the store on a shared-memory host slab, listen, drain on a signal.
 
 Start: the configured tiers (or the embedded default: a host tier over a disk tier in the data
-directory), the host tier's slab in ``/dev/shm`` (0600), a gRPC server on a Unix socket (0600)
-and, when configured, one on TCP that needs the bearer token. One log line per listener.
+directory), the host tier's slab in ``/dev/shm`` (0600), a gRPC server on a Unix socket (0600),
+the local lane beside it (``<socket>.lane``, 0600: :mod:`server.daemon.lane`) and, when
+configured, a gRPC server on TCP that needs the bearer token. One log line per listener.
 
 Stop (SIGTERM/SIGINT): health goes NOT_SERVING, session streams end (each client's handles are
 completed or aborted), in-flight calls get ``drain_timeout_s`` to finish, then the store closes
@@ -33,6 +34,7 @@ from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError
 from kvstore.record import RecordMac
+from server.daemon.lane import LaneServer
 from server.daemon.service import DaemonService, Limits
 from server.daemon.servicer import Servicer, TokenAuth
 
@@ -79,6 +81,7 @@ class Daemon:
     socket_path: Path
     stopping: threading.Event
     servicer: Servicer
+    lane: LaneServer | None = None  # the local lane, when daemon.lane is on
     admin: Any = None  # a server.admin.AdminServer when the admin API is on
 
     def stop(self) -> None:
@@ -88,6 +91,8 @@ class Daemon:
             self.admin.stop()
         self.service.close()  # sessions end: handles completed/aborted, streams return
         self.servicer.close()  # lookup streams end (they wait on their clients otherwise)
+        if self.lane is not None:
+            self.lane.close()  # each connection ends after its call in progress
         grace = self.cfg.daemon.drain_timeout_s
         for ev in [s.stop(grace) for s in self.servers]:
             ev.wait(grace + 1)
@@ -132,8 +137,10 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     service = DaemonService(store, slab.name, slab.nbytes, limits=Limits(
         dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota))
     stopping = threading.Event()
+    lane_path = sock.with_name(sock.name + ".lane")
     servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions,
-                        mac=RecordMac(cfg.security.secret_bytes()))
+                        mac=RecordMac(cfg.security.secret_bytes()),
+                        lane_socket=str(lane_path) if dcfg.lane else "")
     hs = health.HealthServicer()
     for name in ("", SERVICE_NAME):  # grpc's servicer starts "" as SERVING: not before we are
         hs.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -156,11 +163,21 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         return s
 
     servers = []
+    # the lane listens before gRPC does: every session's handshake may name it
+    lane = None
+    if dcfg.lane:
+        lane = LaneServer(lane_path, servicer, max_frame=int(dcfg.max_message_bytes),
+                          max_connections=dcfg.lane_connections)
+        log.info("local lane on %s (mode 0600)", lane_path)
     old = os.umask(0o177)  # the socket file is created 0600
     try:
         uds = server()
         uds.add_insecure_port(f"unix://{sock}")
         uds.start()
+    except BaseException:
+        if lane is not None:
+            lane.close()
+        raise
     finally:
         os.umask(old)
     os.chmod(sock, 0o600)
@@ -175,7 +192,7 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         log.info("listening on tcp %s (port %d, bearer token required)", dcfg.tcp, port)
     log.info("shared memory /dev/shm/%s: %d pages of %d bytes in tier %r", slab.name, pages,
              layout.page_bytes, host_name)
-    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping, servicer)
+    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping, servicer, lane)
     try:
         daemon.admin = _serve_admin(cfg, store)
     except BaseException:

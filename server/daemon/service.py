@@ -134,6 +134,10 @@ class DaemonService:
             _quietly(self.store.release, lease)
         s.ended.set()
 
+    def has_session(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions
+
     def _session(self, session_id: str) -> Session:
         with self._lock:
             s = self._sessions.get(session_id)

@@ -29,8 +29,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 _POLL_S = 0.5
 
 
+#: the unary methods by name, undecorated: what the local lane calls (see Servicer.answer)
+_ANSWERS: dict[str, Callable[..., Any]] = {}
+
+
 def _unary(fn: F) -> F:
     """Answer a kvstore error with its status; an unexpected error with INTERNAL (logged)."""
+    _ANSWERS[fn.__name__] = fn
 
     @functools.wraps(fn)
     def wrapper(self: Servicer, request: Any, context: grpc.ServicerContext) -> Any:
@@ -72,7 +77,10 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     by the deployment secret; None: the public key, an integrity check only)."""
 
     def __init__(self, service: DaemonService, stopping: threading.Event, *,
-                 max_streams: int = 256, mac: RecordMac | None = None) -> None:
+                 max_streams: int = 256, mac: RecordMac | None = None,
+                 lane_socket: str = "") -> None:
+        #: the local lane's socket each handshake names ("": none is served)
+        self.lane_socket = lane_socket
         #: open LookupStream calls allowed at once (each holds a handler thread)
         self.max_streams = max_streams
         self._mac = mac if mac is not None else RecordMac(None)
@@ -90,6 +98,12 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         self._streams_lock = threading.Lock()
         self._streams: set[grpc.ServicerContext] = set()  # open LookupStream calls
 
+    def answer(self, name: str, request: Any) -> Any:
+        """The reply to unary call ``name`` made outside gRPC (the local lane,
+        :mod:`server.daemon.lane`); raises what the call raises. Calls that read the gRPC
+        context (Prefetch's deadline) are not answered this way."""
+        return _ANSWERS[name](self, request, None)
+
     # ----------------------------------------------------------------- session
 
     def OpenSession(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
@@ -104,7 +118,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
             session_id=info.session_id, layout=self._layout, shm_name=info.shm_name,
             shm_bytes=info.shm_bytes, slab_pages=self.service.staging.capacity_pages,
             staging_tier=info.staging_tier, tiers=self._tiers, write_policy=store.write_policy,
-            lease_ttl_s=info.lease_ttl_s)
+            lease_ttl_s=info.lease_ttl_s, lane_socket=self.lane_socket)
         while context.is_active() and not self.stopping.is_set() and not session.ended.is_set():
             session.ended.wait(_POLL_S)
         self.service.close_session(session.id)

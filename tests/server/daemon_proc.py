@@ -82,6 +82,22 @@ class DaemonProc:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout_s)
 
+    def pause(self, timeout_s: float = 10.0) -> None:
+        """SIGSTOP, and wait until the kernel has stopped every thread: a call on the local
+        lane takes microseconds, and could be answered between the signal and the stop."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        deadline = time.monotonic() + timeout_s
+        while not all(_state(t) in "Tt" for t in tasks.iterdir()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not stop")
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def __enter__(self) -> DaemonProc:
         return self.start()
 
@@ -93,3 +109,11 @@ class DaemonProc:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _state(task: Path) -> str:
+    """A thread's state letter (``T``: stopped); "T" for a thread that exited meanwhile."""
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "T"

@@ -1,7 +1,8 @@
 """Open sessions and lookup streams each hold one of the daemon's handler threads for as long as
 they last: with every session the daemon allows open (more than its ``workers``), each with its
 lookup stream, other calls are still answered; a lookup stream past the limit is refused and the
-client looks up with unary calls instead."""
+client looks up with unary calls instead. (These clients keep off the local lane, which holds
+no gRPC thread: :mod:`tests.server.test_daemon_lane`.)"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_sessions_beyond_the_workers_leave_threads_for_calls(tmp_path: Path) -> 
     config = write_config(tmp_path, disk=None, extra_daemon="workers = 4\nmax_sessions = 6")
     with DaemonProc(config) as daemon:
         chain = NS.chain([i % 200 for i in range(64)])
-        clients = [DaemonStore(daemon.target, NS.id, timeout_s=5.0) for _ in range(6)]
+        clients = [DaemonStore(daemon.target, NS.id, timeout_s=5.0, lane=False) for _ in range(6)]
         try:
             clients[0].complete_store(clients[0].prepare_store(chain.metas()))
             for c in clients:  # six sessions and six lookup streams: twelve threads held
@@ -43,8 +44,8 @@ def test_a_lookup_stream_past_the_limit_falls_back_to_unary(tmp_path: Path) -> N
     config = write_config(tmp_path, disk=None, extra_daemon="max_sessions = 2")
     with DaemonProc(config) as daemon:
         chain = NS.chain([i % 200 for i in range(32)])
-        a = DaemonStore(daemon.target, NS.id)
-        b = DaemonStore(daemon.target, NS.id)
+        a = DaemonStore(daemon.target, NS.id, lane=False)
+        b = DaemonStore(daemon.target, NS.id, lane=False)
         try:
             a.complete_store(a.prepare_store(chain.metas()))
             assert a.lookup(list(chain.keys)).num_blocks == 2  # stream 1

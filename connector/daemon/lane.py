@@ -1,0 +1,216 @@
+"""The local lane: the daemon's hot control calls (lookups, leases, the staging path) as framed
+protobuf messages on a Unix socket of their own, beside the gRPC socket.
+
+Why: on one node a gRPC call costs 0.5-1.5 ms of thread hand-offs (the request iterator's
+thread, the completion queues, the server's handler pool) -- more than the lookup of a
+32K-token prompt itself (0.3 ms), and a scheduler makes such a call for every request it
+admits; a load or a save makes four. On a plain socket a call is a write and a blocking read
+on each side: tens of microseconds.
+
+What travels: the gRPC service's own request and reply messages (one schema, one servicer).
+A frame is a header -- the payload's length (u32 LE) and a kind (u8) -- then the payload.
+Requests: kind 0 is the hello, whose payload is the session id: the connection then serves
+that session only (the session id a request carries is ignored); kind ``i + 1`` is
+``LANE_METHODS[i]``. Replies: kind 0 is OK with the reply message; any other kind is a gRPC
+status code number with a UTF-8 message, raised as the kvstore error the one mapping of
+:mod:`.errors` names.
+
+Who may connect: the socket is 0600 beside the gRPC socket, as that one is, and the hello must
+name a live session, which only the client holding its session stream knows. TCP clients
+(other nodes) have no lane: they keep gRPC.
+
+Failure: a call that finds its connection broken, or gets no reply by its deadline (the daemon
+died, stopped, or is stalled), raises DaemonUnavailable and drops the connection (a late reply
+would answer the next call). A lane the daemon refuses (none served, too many connections, an
+unknown session) raises :class:`LaneRefused`; all of a client's connections busy raises
+:class:`LaneBusy`. Either way the caller makes the call over gRPC.
+
+Thread-safety: :class:`Lane` is shared by a client's threads; each call takes a connection of
+its own (up to ``max_connections``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Any
+
+from connector.daemon.errors import DaemonUnavailable, error_of_status
+from connector.proto import kvstore_daemon_pb2 as pb
+
+_HEADER = struct.Struct("<IB")
+#: request kind of the hello; reply kind of success
+HELLO = OK = 0
+#: the calls the lane carries, numbered from 1 in this order (append only: the number is wire)
+LANE_METHODS = ("Lookup", "Release", "Narrow", "Contains", "PrepareLoad", "CompleteLoad",
+                "PrepareStore", "CompleteStore", "Abort", "CountDeclined")
+METHOD_NUMBER = {name: i + 1 for i, name in enumerate(LANE_METHODS)}
+#: the longest hello (a session id) a daemon reads
+MAX_HELLO = 256
+
+
+def message_types(name: str) -> tuple[Any, Any]:
+    """The request and reply message classes of the service's method ``name``."""
+    method = pb.DESCRIPTOR.services_by_name["KVStoreDaemon"].methods_by_name[name]
+    return getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+
+
+_REPLY = {name: message_types(name)[1] for name in LANE_METHODS}
+
+
+class FrameTooLarge(Exception):
+    """A frame's header announced more bytes than the reader takes; its payload is unread."""
+
+    def __init__(self, size: int, kind: int, limit: int) -> None:
+        super().__init__(f"a frame of {size} bytes; the limit is {limit}")
+        self.size, self.kind, self.limit = size, kind, limit
+
+
+def send_frame(sock: socket.socket, kind: int, payload: bytes | bytearray) -> None:
+    header = _HEADER.pack(len(payload), kind)
+    sent = sock.sendmsg([header, payload])  # one system call for header and payload
+    if sent < len(header) + len(payload):  # the kernel took a big frame in parts
+        sock.sendall((header + bytes(payload))[sent:])
+
+
+def _recv_exact(sock: socket.socket, n: int, *, at_start: bool = False) -> bytearray | None:
+    """``n`` bytes; None when the peer closed the connection before the first one and
+    ``at_start`` (between frames). ConnectionError when it closed mid-frame."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if got == 0 and at_start:
+                return None
+            raise ConnectionError("the peer closed the connection in the middle of a frame")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket, limit: int) -> tuple[int, bytearray] | None:
+    """The next frame as (kind, payload); None at a clean end of the connection. Raises
+    FrameTooLarge (the payload left unread: :func:`discard` it or drop the connection),
+    ConnectionError and OSError (socket.timeout included)."""
+    header = _recv_exact(sock, _HEADER.size, at_start=True)
+    if header is None:
+        return None
+    size, kind = _HEADER.unpack(header)
+    if size > limit:
+        raise FrameTooLarge(size, kind, limit)
+    payload = _recv_exact(sock, size) if size else bytearray()
+    assert payload is not None
+    return kind, payload
+
+
+def discard(sock: socket.socket, n: int) -> None:
+    """Read and drop ``n`` bytes (an oversized frame's payload) in bounded chunks."""
+    chunk = bytearray(min(n, 1 << 20))
+    while n:
+        k = sock.recv_into(chunk, min(n, len(chunk)))
+        if k == 0:
+            raise ConnectionError("the peer closed the connection in the middle of a frame")
+        n -= k
+
+
+class LaneBusy(Exception):
+    """Every connection this client may open is in a call: use gRPC for this one."""
+
+
+class LaneRefused(LaneBusy):
+    """The daemon serves this client no lane (none, too many connections, unknown session)."""
+
+
+class Lane:
+    """A client's connections to the daemon's lane at ``path`` for session ``session_id``.
+    ``max_frame``: the longest reply read."""
+
+    def __init__(self, path: str, session_id: str, *, max_frame: int,
+                 max_connections: int = 4, connect_timeout_s: float = 2.0) -> None:
+        self.path, self.session_id = path, session_id
+        self.max_frame, self.max_connections = max_frame, max_connections
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
+        self._open = 0  # connections open, idle or in a call
+        self._closed = False
+
+    def call(self, name: str, request: Any, timeout_s: float) -> Any:
+        """The reply to ``request`` (a message of method ``name``, one of LANE_METHODS).
+        Raises the kvstore error the daemon answered, DaemonUnavailable (broken or late),
+        LaneBusy or LaneRefused (nothing was sent: make the call another way)."""
+        sock = self._take()
+        try:
+            sock.settimeout(timeout_s)
+            send_frame(sock, METHOD_NUMBER[name], request.SerializeToString())
+            frame = recv_frame(sock, self.max_frame)
+            if frame is None:
+                raise ConnectionError("the daemon closed the lane")
+        except (OSError, FrameTooLarge) as exc:  # socket.timeout and ConnectionError included
+            self._drop(sock)
+            raise DaemonUnavailable(f"the daemon's lane {self.path}: {exc}") from None
+        self._give(sock)
+        kind, payload = frame
+        if kind != OK:
+            raise error_of_status(kind, payload.decode("utf-8", "replace"))
+        return _REPLY[name].FromString(bytes(payload))
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise LaneRefused("the lane was closed")
+            if self._idle:
+                return self._idle.pop()
+            if self._open >= self.max_connections:
+                raise LaneBusy(f"all {self.max_connections} lane connections are in calls")
+            self._open += 1
+        try:
+            return self._connect()
+        except BaseException:
+            with self._lock:
+                self._open -= 1
+            raise
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.connect_timeout_s)
+            sock.connect(self.path)
+            send_frame(sock, HELLO, self.session_id.encode())
+            frame = recv_frame(sock, self.max_frame)
+        except (OSError, FrameTooLarge) as exc:
+            sock.close()
+            raise LaneRefused(f"no lane at {self.path}: {exc}") from None
+        if frame is None or frame[0] != OK:
+            sock.close()
+            why = "it closed the connection" if frame is None else frame[1].decode("utf-8", "replace")
+            raise LaneRefused(f"the daemon refused the lane: {why}")
+        return sock
+
+    def _give(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(sock)
+                return
+            self._open -= 1
+        sock.close()
+
+    def _drop(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open -= 1
+        sock.close()
+
+    def close(self) -> None:
+        """Close the idle connections now and each busy one when its call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for sock in idle:
+            sock.close()
+
+
+__all__ = ["FrameTooLarge", "HELLO", "LANE_METHODS", "Lane", "LaneBusy", "LaneRefused",
+           "MAX_HELLO", "METHOD_NUMBER", "OK", "discard", "message_types", "recv_frame",
+           "send_frame"]
