@@ -123,13 +123,20 @@ class LeaseTable:
         return held
 
     def _unpin(self, keys: Sequence[bytes]) -> None:
-        # C loops only (a release of a 2048-key prompt is ~4x cheaper than key by key): count
-        # the keys (a key may repeat), subtract, store what is left, delete what reached zero
-        pins, drop = self.pins, Counter(keys)
+        pins = self.pins
+        # The usual release: no other lease pins these keys and none repeats, so every count
+        # popped is 1 -- one C loop (popping a 2048-key prompt is ~5x cheaper than counting and
+        # subtracting). Otherwise the counts go back and the general path runs.
+        popped = list(map(pins.pop, keys, repeat(0)))
+        if popped.count(1) == len(popped):
+            return
+        dict.update(pins, compress(zip(keys, popped), popped))
+        # C loops only: count the keys (a key may repeat), subtract, store what is left,
+        # delete what reached zero
+        drop = Counter(keys)
         left = list(map(operator.sub, map(pins.__getitem__, drop), drop.values()))
         dict.update(pins, zip(drop, left))
         deque(map(dict.__delitem__, repeat(pins), compress(drop, map(operator.not_, left))),
               maxlen=0)
-
 
 __all__ = ["LeaseTable"]
