@@ -193,8 +193,11 @@ class TieredStore(StagingPath):
                 # included), and from the grant on no eviction takes them.
                 pos = self._still_held(keys, runs, pos)
                 granted = self._leases.grant(keys[:pos]) if pos else None
-        tiers = list(itertools.chain.from_iterable(itertools.repeat(t.name, n) for t, n in runs))
-        del tiers[pos:]
+        if len(runs) == 1:  # the usual hit, in one tier: one C-speed repeat
+            tiers: Sequence[str] = (runs[0][0].name,) * pos
+        else:
+            tiers = list(itertools.chain.from_iterable(itertools.repeat(t.name, n) for t, n in runs))
+            del tiers[pos:]
         self._m_lookup_hit.inc(pos)
         self._m_lookup_miss.inc(n - pos)
         if namespace_id is not None:

@@ -416,8 +416,12 @@ class DaemonStore:
                             time.monotonic() + r.lease_ttl_s, self.owner)
             with self._lock:
                 self._lease_ns[r.lease_id] = ns
-        tiers = tuple(itertools.chain.from_iterable(
-            itertools.repeat(run.tier, run.blocks) for run in r.runs))
+        runs = r.runs
+        if len(runs) == 1:  # the usual hit, in one tier
+            tiers: tuple[str, ...] = (runs[0].tier,) * runs[0].blocks
+        else:
+            tiers = tuple(itertools.chain.from_iterable(
+                itertools.repeat(run.tier, run.blocks) for run in runs))
         return LookupResult(r.num_blocks, tiers, granted)
 
     def _lookup_call(self, req: Any) -> Any:

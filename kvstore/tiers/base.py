@@ -40,7 +40,7 @@ from typing import ClassVar
 import numpy as np
 
 from kvstore.errors import InvalidArgument, StoreClosed, TierUnavailable
-from kvstore.keys import KEY_BYTES, BlockMeta
+from kvstore.keys import KEY_BYTES, BlockMeta, CheckedKeys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics, TierStats
 
@@ -354,6 +354,8 @@ class Tier(ABC):
 def check_keys(keys: Sequence[bytes]) -> None:
     # Two C-speed passes instead of a Python loop: lookups of 2K-key prompts are hot (counting
     # in a list is ~40 % cheaper than building a set of the types and one of the lengths).
+    if type(keys) is CheckedKeys:
+        return
     if isinstance(keys, (bytes, str)):
         raise InvalidArgument("keys must be a sequence of 16-byte keys, not a single key")
     if not isinstance(keys, (list, tuple)):
