@@ -25,8 +25,9 @@ import functools
 import operator
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from itertools import takewhile
+from itertools import compress, repeat, takewhile
 
 import numpy as np
 
@@ -73,7 +74,9 @@ class HostTier(SlotReads, SlabSlots, Tier):
         self._lock = threading.Lock()
         self._index: dict[bytes, int] = {}
         self._metas: list[BlockMeta | None] = [None] * capacity_pages
-        self._readers = [0] * capacity_pages
+        #: slot -> loads and reads holding it (absent: none); a Counter, so a 2048-slot pin
+        #: counts in one C loop
+        self._readers: Counter[int] = Counter()
         self._zombies: set[int] = set()  # unlinked slots still being read
         self._free = list(range(capacity_pages - 1, -1, -1))
 
@@ -109,16 +112,23 @@ class HostTier(SlotReads, SlabSlots, Tier):
                 if ns.count(namespace_id) != n:  # another namespace's page ends the run
                     n = next(i for i, x in enumerate(ns) if x != namespace_id)
                     del out[n:]
-            readers = self._readers
-            for slot in out:
-                readers[slot] += 1
+            self._readers.update(out)
         return out
 
     def unpin(self, slots: Sequence[int]) -> None:
         with self._lock:
             readers = self._readers
-            for slot in slots:
-                readers[slot] -= 1
+            # The usual unpin: no other load holds these slots, so every count popped is 1 --
+            # one C loop. Otherwise the counts go back and are taken down one by one.
+            popped = list(map(readers.pop, slots, repeat(0)))
+            if popped.count(1) != len(popped):
+                dict.update(readers, compress(zip(slots, popped), popped))
+                for slot in slots:
+                    left = readers[slot] - 1
+                    if left:
+                        readers[slot] = left
+                    else:
+                        del readers[slot]
             if self._zombies:  # an unlinked slot frees when its last reader leaves
                 for slot in self._zombies.intersection(slots):
                     self._after_unpin(slot)

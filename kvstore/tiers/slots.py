@@ -9,7 +9,8 @@ tier decides what happens when the last reader leaves (``_after_unpin``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from itertools import takewhile
 
 import numpy as np
@@ -26,7 +27,7 @@ class SlotReads:
     _lock: threading.Lock
     _index: dict[bytes, int]
     _metas: list[BlockMeta | None]
-    _readers: list[int]
+    _readers: MutableSequence[int] | Counter[int]  # slot -> count: a list, or a Counter
 
     count_corrupt: Callable[[str], None]  # provided by Tier (annotation only: no shadowing)
 
