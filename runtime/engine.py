@@ -351,6 +351,7 @@ class Engine:
         bound = False
         rolled: set[str] = set()
         settled: set[int] | None = None
+        sampled: dict[str, int] = {}
         if conn is not None:
             meta = conn.scheduler.build_connector_meta()
             if meta.loads or meta.saves:
@@ -377,6 +378,12 @@ class Engine:
                     # they run (a 32K-token hit commits 2048 blocks), not after them
                     rolled = self.scheduler.apply_load_errors(settled) if settled else set()
                     self._commit(chunks, rolled)
+                    # and sample: the forward's layers wait for their copies on the device, so
+                    # its logits are read as soon as it is done, while the load threads still
+                    # complete the loads (unpin, report); a late device error raises below,
+                    # before anything sampled is used
+                    assert logits is not None
+                    sampled = self._sample(chunks, logits, rolled)
                 self._wait_loads()
                 errors = conn.worker.get_block_ids_with_load_errors()
                 if settled is not None and errors - settled:
@@ -391,16 +398,8 @@ class Engine:
         if chunks:
             if settled is None:
                 self._commit(chunks, rolled)
-            assert logits is not None
-            reqs = [ch.request for ch in chunks if ch.sample]
-            rows = [i for i, req in enumerate(reqs) if req.request_id not in rolled]
-            sampled: dict[str, int] = {}
-            if rows:  # read through the readout: never behind a save's DMA (runtime/readout.py)
-                picked = [reqs[i] for i in rows]
-                toks = sample_rows(logits if len(rows) == len(reqs) else logits[rows],
-                                   [r.params for r in picked], [r.generator for r in picked],
-                                   self._readout)
-                sampled = {r.request_id: t for r, t in zip(picked, toks)}
+                assert logits is not None
+                sampled = self._sample(chunks, logits, rolled)
             self.scheduler.update([ch for ch in chunks if ch.request.request_id not in rolled],
                                   sampled)
         if conn is not None:
@@ -409,6 +408,19 @@ class Engine:
         for req in done:
             self._known_ids.discard(req.request_id)
         return [req.to_output() for req in done]
+
+    def _sample(self, chunks: list[Any], logits: torch.Tensor, rolled: set[str]) -> dict[str, int]:
+        """The next token of each sampling chunk's request (the rolled-back ones left out)."""
+        reqs = [ch.request for ch in chunks if ch.sample]
+        rows = [i for i, req in enumerate(reqs) if req.request_id not in rolled]
+        if not rows:
+            return {}
+        # read through the readout: never behind a save's DMA (runtime/readout.py)
+        picked = [reqs[i] for i in rows]
+        toks = sample_rows(logits if len(rows) == len(reqs) else logits[rows],
+                           [r.params for r in picked], [r.generator for r in picked],
+                           self._readout)
+        return {r.request_id: t for r, t in zip(picked, toks)}
 
     def _commit(self, chunks: list[Any], rolled: set[str]) -> None:
         """Commit the full blocks of the step's chunks (not of the rolled-back requests); the
