@@ -22,8 +22,9 @@ name a live session, which only the client holding its session stream knows. TCP
 Failure: a call that finds its connection broken, or gets no reply by its deadline (the daemon
 died, stopped, or is stalled), raises DaemonUnavailable and drops the connection (a late reply
 would answer the next call). A lane the daemon refuses (none served, too many connections, an
-unknown session) raises :class:`LaneRefused`; all of a client's connections busy raises
-:class:`LaneBusy`. Either way the caller makes the call over gRPC.
+unknown session) raises :class:`LaneRefused`; all of a client's connections busy, or a hello
+not answered in time, raises :class:`LaneBusy`. Either way the caller makes the call over gRPC
+(after a refusal, every later call of the session).
 
 Thread-safety: :class:`Lane` is shared by a client's threads; each call takes a connection of
 its own (up to ``max_connections``).
@@ -179,6 +180,9 @@ class Lane:
             sock.connect(self.path)
             send_frame(sock, HELLO, self.session_id.encode())
             frame = recv_frame(sock, self.max_frame)
+        except TimeoutError:  # a stalled daemon: gRPC for this call, the lane again later
+            sock.close()
+            raise LaneBusy(f"the lane at {self.path} did not answer its hello") from None
         except (OSError, FrameTooLarge) as exc:
             sock.close()
             raise LaneRefused(f"no lane at {self.path}: {exc}") from None

@@ -2,7 +2,8 @@
 socket (0600) and one thread per connection, each answering its session's calls through the
 same :class:`~server.daemon.servicer.Servicer` methods gRPC calls.
 
-A connection serves the session its hello names, and ends when that session does.
+A connection serves the session its hello names, and ends when that session does; one that
+sends no hello within ``hello_timeout_s`` is closed.
 
 Bad input gets a typed error reply and the connection goes on: an unknown call number, a
 message that does not parse, a frame over ``max_frame`` bytes (read and dropped). A hello that
@@ -49,9 +50,11 @@ def _status(code: grpc.StatusCode, message: str) -> tuple[int, bytes]:
 
 class LaneServer:
     def __init__(self, path: Path, servicer: Servicer, *, max_frame: int,
-                 max_connections: int) -> None:
+                 max_connections: int, hello_timeout_s: float = 5.0) -> None:
         self.path, self.servicer = path, servicer
         self.max_frame, self.max_connections = max_frame, max_connections
+        #: a connection that names no session within this long is closed (it holds a slot)
+        self.hello_timeout_s = hello_timeout_s
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
@@ -132,10 +135,14 @@ class LaneServer:
 
     def _hello(self, conn: socket.socket) -> str | None:
         """The session this connection serves; None (refused, replied) when there is none."""
+        conn.settimeout(self.hello_timeout_s)
         try:
             frame = recv_frame(conn, MAX_HELLO)
         except FrameTooLarge:
             frame = (HELLO, bytearray())
+        except TimeoutError:
+            return None  # silent: closed without a word
+        conn.settimeout(None)
         if frame is None:
             return None
         kind, payload = frame

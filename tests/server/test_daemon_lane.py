@@ -154,3 +154,39 @@ def test_without_the_lane_everything_goes_over_grpc(tmp_path: Path, lane: bool) 
         assert _lane(daemon).exists() == lane
         _round_trip(store, NS, 5)
         assert store.calls["lane"] == 0 and store.calls["grpc"] == 5
+
+
+def test_a_connection_that_never_says_hello_is_closed(tmp_path: Path) -> None:
+    # in this process, to give the hello a short deadline; a real socket all the same
+    import threading
+
+    from kvstore import TieredStore
+    from kvstore.tiers.host import HostTier
+    from server.daemon.lane import LaneServer
+    from server.daemon.service import DaemonService
+    from server.daemon.servicer import Servicer
+
+    store = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 8)])
+    service = DaemonService(store, "unused", 0)
+    lane = LaneServer(tmp_path / "x.lane", Servicer(service, threading.Event()),
+                      max_frame=1 << 20, max_connections=4, hello_timeout_s=0.2)
+    try:
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.settimeout(10)
+        silent.connect(str(tmp_path / "x.lane"))
+        assert recv_frame(silent, 1 << 20) is None  # closed without a word
+        silent.close()
+        session, _ = service.open_session()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(str(tmp_path / "x.lane"))
+        send_frame(sock, HELLO, session.id.encode())
+        assert recv_frame(sock, 1 << 20) == (OK, bytearray())
+        lookup = pb.LookupRequest(namespace_id=NS.id, keys=b"\1" * 16)
+        code, payload = _ask(sock, METHOD_NUMBER["Lookup"], lookup.SerializeToString())
+        assert code == OK and pb.LookupReply.FromString(payload).num_blocks == 0
+        sock.close()
+    finally:
+        lane.close()
+        store.close()
+    assert not (tmp_path / "x.lane").exists()
