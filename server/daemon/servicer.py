@@ -118,7 +118,9 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
             session_id=info.session_id, layout=self._layout, shm_name=info.shm_name,
             shm_bytes=info.shm_bytes, slab_pages=self.service.staging.capacity_pages,
             staging_tier=info.staging_tier, tiers=self._tiers, write_policy=store.write_policy,
-            lease_ttl_s=info.lease_ttl_s, lane_socket=self.lane_socket)
+            lease_ttl_s=info.lease_ttl_s,
+            # the lane is for clients on this node: a TCP session is not told where it is
+            lane_socket=self.lane_socket if context.peer().startswith("unix:") else "")
         while context.is_active() and not self.stopping.is_set() and not session.ended.is_set():
             session.ended.wait(_POLL_S)
         self.service.close_session(session.id)

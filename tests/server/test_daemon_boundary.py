@@ -113,6 +113,15 @@ def test_tcp_refuses_a_missing_or_wrong_token(guarded: tuple[DaemonProc, str], t
 def test_tcp_with_the_token_works(guarded: tuple[DaemonProc, str]) -> None:
     with DaemonStore(guarded[1], NS_A.id, token=TOKEN) as s:
         assert s.stats().sessions >= 1
+        # a TCP session is not told where the local lane is, and makes every call over gRPC
+        assert s._lane is None
+        assert s.lookup([b"k" * 16]).num_blocks == 0 and s.calls["lane"] == 0
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    with grpc.insecure_channel(guarded[1]) as tcp, grpc.insecure_channel(guarded[0].target) as uds:
+        infos = [next(pb_grpc.KVStoreDaemonStub(ch).OpenSession(pb.OpenSessionRequest(),
+                                                                 metadata=md))
+                 for ch in (tcp, uds)]
+        assert infos[0].lane_socket == "" and infos[1].lane_socket.endswith("kvstore.sock.lane")
 
 
 # ----------------------------------------------------------------- (c) typed errors
