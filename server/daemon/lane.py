@@ -5,8 +5,9 @@ same :class:`~server.daemon.servicer.Servicer` methods gRPC calls.
 A connection serves the session its hello names, and ends when that session does; one that
 sends no hello within ``hello_timeout_s`` is closed.
 
-Bad input gets a typed error reply and the connection goes on: an unknown call number, a
-message that does not parse, a frame over ``max_frame`` bytes (read and dropped). A hello that
+Bad input gets a typed error reply and the connection goes on: an unknown call number or a
+message that does not parse (INVALID_ARGUMENT), a frame over ``max_frame`` bytes (read and
+dropped; RESOURCE_EXHAUSTED, as gRPC answers a message over its limit). A hello that
 names no live session, or one past ``max_connections``, is refused and the connection closed.
 
 Stop: :meth:`LaneServer.close` stops accepting and shuts the read side of every connection, so
@@ -41,7 +42,8 @@ from server.daemon.servicer import Servicer
 
 log = logging.getLogger("kvstore.daemon")
 _REQUEST = {i + 1: (name, message_types(name)[0]) for i, name in enumerate(LANE_METHODS)}
-_INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+#: an oversized request's status, as gRPC answers one over max_message_bytes
+_TOO_LARGE = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 
 
 def _status(code: grpc.StatusCode, message: str) -> tuple[int, bytes]:
@@ -114,7 +116,7 @@ class LaneServer:
                     frame = recv_frame(conn, self.max_frame)
                 except FrameTooLarge as exc:
                     discard(conn, exc.size)
-                    send_frame(conn, _INVALID, (
+                    send_frame(conn, _TOO_LARGE, (
                         f"a lane request of {exc.size} bytes; the limit is {exc.limit} "
                         "(daemon.max_message_bytes)").encode())
                     continue

@@ -26,6 +26,7 @@ NS = Namespace("model", LAYOUT, "lane")
 OTHER = Namespace("model", LAYOUT, "other-tenant")
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
+TOO_LARGE = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 
 
 def _lane(daemon: DaemonProc) -> Path:
@@ -91,7 +92,7 @@ def test_bad_frames_get_typed_errors_and_the_lane_goes_on(tmp_path: Path) -> Non
             code, msg = _ask(sock, METHOD_NUMBER["Lookup"], b"\xff\xff\xff")
             assert code == INVALID and b"malformed Lookup" in msg
             code, msg = _ask(sock, METHOD_NUMBER["Lookup"], b"\0" * 70_000)  # over the limit
-            assert code == INVALID and b"70000 bytes; the limit is 65536" in msg
+            assert code == TOO_LARGE and b"70000 bytes; the limit is 65536" in msg
             keys = NS.chain([(i + 1) % 250 for i in range(48)]).keys
             bad_keys = pb.LookupRequest(namespace_id=NS.id, keys=pack_keys(list(keys))[:-1])
             code, msg = _ask(sock, METHOD_NUMBER["Lookup"], bad_keys.SerializeToString())
