@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import operator
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from itertools import compress, repeat
 
+from kvstore.counts import take_one_each
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.metrics import Metrics
 from kvstore.results import Lease
@@ -149,20 +148,7 @@ class LeaseTable:
             self._unpin_keys(held.keys)
 
     def _unpin_keys(self, keys: Sequence[bytes]) -> None:
-        pins = self._pins
-        # The usual release: no other lease pins these keys and none repeats, so every count
-        # popped is 1 -- one C loop (popping a 2048-key prompt is ~5x cheaper than counting and
-        # subtracting). Otherwise the counts go back and the general path runs.
-        popped = list(map(pins.pop, keys, repeat(0)))
-        if popped.count(1) == len(popped):
-            return
-        dict.update(pins, compress(zip(keys, popped), popped))
-        # C loops only: count the keys (a key may repeat), subtract, store what is left,
-        # delete what reached zero
-        drop = Counter(keys)
-        left = list(map(operator.sub, map(pins.__getitem__, drop), drop.values()))
-        dict.update(pins, zip(drop, left))
-        deque(map(dict.__delitem__, repeat(pins), compress(drop, map(operator.not_, left))),
-              maxlen=0)
+        take_one_each(self._pins, keys)
+
 
 __all__ = ["LeaseTable"]

@@ -27,11 +27,12 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from itertools import compress, repeat, takewhile
+from itertools import takewhile
 
 import numpy as np
 
 from kvstore.buffers import hugepage_buffer
+from kvstore.counts import take_one_each
 from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
@@ -117,18 +118,7 @@ class HostTier(SlotReads, SlabSlots, Tier):
 
     def unpin(self, slots: Sequence[int]) -> None:
         with self._lock:
-            readers = self._readers
-            # The usual unpin: no other load holds these slots, so every count popped is 1 --
-            # one C loop. Otherwise the counts go back and are taken down one by one.
-            popped = list(map(readers.pop, slots, repeat(0)))
-            if popped.count(1) != len(popped):
-                dict.update(readers, compress(zip(slots, popped), popped))
-                for slot in slots:
-                    left = readers[slot] - 1
-                    if left:
-                        readers[slot] = left
-                    else:
-                        del readers[slot]
+            take_one_each(self._readers, slots)
             if self._zombies:  # an unlinked slot frees when its last reader leaves
                 for slot in self._zombies.intersection(slots):
                     self._after_unpin(slot)
