@@ -124,6 +124,9 @@ class TieredStore(StagingPath):
         self._hits: list[dict[bytes, int]] = [{} for _ in tiers]
         self._claimed = [0] * len(tiers)  # room claimed by writers that have not published yet
         self._retiring: list[set[bytes]] = [set() for _ in tiers]  # chosen, not yet deleted
+        #: bumped (lock held) whenever a page leaves a tier's policy or retiring set: a leased
+        #: lookup that sees no bump since it asked the tiers skips re-checking its run
+        self._removals = 0
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
         self._writing: list[set[bytes]] = [set() for _ in tiers]  # keys of open store handles
@@ -168,6 +171,7 @@ class TieredStore(StagingPath):
         tally = MissTally() if namespace_id is not None else None
         t0 = time.perf_counter()
         runs: list[tuple[Tier, int]] = []  # the hit as runs of one tier
+        removals = self._removals  # read before the tiers are asked (see _still_held)
         asked = [t for t in self.tiers if not (local_only and t.shared)]
         pos, n = 0, len(keys)
         while pos < n:
@@ -190,8 +194,10 @@ class TieredStore(StagingPath):
             with self._lock:
                 # The run was found without the lock: a page evicted since is not leased. Under
                 # the lock a local tier's policy tracks exactly its pages (retiring victims
-                # included), and from the grant on no eviction takes them.
-                pos = self._still_held(keys, runs, pos)
+                # included), and from the grant on no eviction takes them. No page left any
+                # policy since the tiers were asked: every page found is still there.
+                if self._removals != removals:
+                    pos = self._still_held(keys, runs, pos)
                 granted = self._leases.grant(keys[:pos]) if pos else None
         if len(runs) == 1:  # the usual hit, in one tier: one C-speed repeat
             tiers: Sequence[str] = (runs[0][0].name,) * pos
@@ -382,6 +388,7 @@ class TieredStore(StagingPath):
         for k in victims:
             hits.pop(k, None)
         self._retiring[ti].update(victims)
+        self._removals += 1
         return victims
 
     def _retire(self, ti: int, victims: list[bytes], claim: int = 0) -> int:
@@ -411,6 +418,7 @@ class TieredStore(StagingPath):
                     gone.append(k)
             give_up = min(spared, claim)
             self._claimed[ti] -= give_up
+            self._removals += 1
             spaces = self._namespaces_of(tier, gone)
             if not tier.shared:
                 tier.delete(gone)
@@ -547,6 +555,7 @@ class TieredStore(StagingPath):
                 stale = [k for k, here in zip(stale, tier.contains(stale)) if not here]
             for k in stale:
                 policy.remove(k)  # a failed check dropped it, a TTL expired it, another deleted it
+            self._removals += bool(stale)
         if stale and self._listeners:
             self._listeners.emit("removed", tier.name, stale, [None] * len(stale))
         with self._lock:
@@ -649,6 +658,7 @@ class TieredStore(StagingPath):
         shared = []
         removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
         with self._lock:
+            self._removals += 1
             for ti, tier in enumerate(self.tiers):
                 for k in keys:
                     self.policies[ti].remove(k)

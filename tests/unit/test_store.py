@@ -402,30 +402,40 @@ def test_narrow_unpins_the_tail_of_a_lease(layout: KVLayout, ns: Namespace) -> N
 
 
 class _RacingHost(HostTier):
-    """A host tier whose next presence count deletes one of the pages it just counted through
-    the store, as a concurrent eviction would between a lookup's count and its lease."""
+    """A host tier whose next presence count removes one of the pages it just counted through
+    the store (a delete, or an eviction of the policy's victim), as a concurrent caller would
+    between a lookup's count and its lease."""
 
     store: TieredStore | None = None
-    victim: bytes | None = None
+    victim: bytes | None = None  # deleted; or, with evict, the page the policy evicts
 
     def _count_leading(self, keys):  # noqa: ANN001, ANN202
         n = super()._count_leading(keys)
         if self.store is not None and self.victim is not None:
             victim, self.victim = self.victim, None
-            self.store.delete([victim])
+            if self.evict:
+                assert self.store.evict(1) == 1
+            else:
+                self.store.delete([victim])
         return n
 
+    evict = False
 
-def test_a_page_gone_between_count_and_lease_ends_the_leased_run(layout: KVLayout,
-                                                                  ns: Namespace) -> None:
+
+@pytest.mark.parametrize("evict", [False, True], ids=["delete", "evict"])
+def test_a_page_gone_between_count_and_lease_ends_the_leased_run(layout: KVLayout, ns: Namespace,
+                                                                  evict: bool) -> None:
     tier = _RacingHost("host", layout, 16, Metrics())
-    store = TieredStore(layout, [tier])
+    store = TieredStore(layout, [tier], ["lru"])
     chain = ns.chain(list(range(layout.block_size * 8)))
     store.put(chain.metas(), random_pages(layout, 8))
-    tier.store, tier.victim = store, chain.keys[5]
+    gone = 5 if not evict else 0  # an eviction takes the least recently stored page: keys[0]
+    tier.store, tier.victim, tier.evict = store, chain.keys[gone], evict
     res = store.lookup(chain.keys, lease=True)
-    assert res.num_blocks == 5 and res.lease is not None and len(res.lease.keys) == 5
-    assert res.tiers == ("host",) * 5
-    assert [store.is_pinned(k) for k in chain.keys[:7]] == [True] * 5 + [False] * 2
-    store.release(res.lease)
+    assert res.num_blocks == gone and len(res.tiers) == gone
+    if gone:
+        assert res.lease is not None and len(res.lease.keys) == gone
+        store.release(res.lease)
+    assert not any(store.is_pinned(k) for k in chain.keys)
+    assert not tier.contains([chain.keys[gone]])[0]
     store.check_integrity()
