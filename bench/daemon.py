@@ -184,7 +184,9 @@ def _inproc_client(layout_cfg: dict[str, Any], host_pages: int, pages: int, roun
 
     layout = KVLayout(**layout_cfg)
     store = TieredStore(layout, [HostTier("host", layout, host_pages)])
-    store.tier("host").slab.fill(0)  # fault the slab in before timing  # type: ignore[attr-defined]
+    host = store.tier("host")
+    assert isinstance(host, HostTier)
+    host.slab.fill(0)  # fault the slab in before timing
     q.put(_workload(store, Namespace("bench", layout, "inproc"), pages, rounds, 99))
     store.close()
 
@@ -243,14 +245,15 @@ def main(argv: list[str] | None = None) -> None:
         try:
             # baseline: the same calls and copies on an in-process store, alternated with the
             # one-client runs
-            base, one = [], []
+            base_runs, one_runs = [], []
             for k in range(REPEATS):
-                base += [_gbps(_spawn(_inproc_client, 1, layout_cfg, host_pages, pages, rounds))]
-                one += [_gbps(_spawn(_client, 1, daemon.target, pages, rounds, k))]
-            base_save, base_load = (float(np.median(x)) for x in zip(*base))
+                base_runs += [_gbps(_spawn(_inproc_client, 1, layout_cfg, host_pages, pages,
+                                           rounds))]
+                one_runs += [_gbps(_spawn(_client, 1, daemon.target, pages, rounds, k))]
+            base_save, base_load = (float(np.median(x)) for x in zip(*base_runs))
             for n in clients:
                 if n == 1:
-                    save, load = (float(np.median(x)) for x in zip(*one))
+                    save, load = (float(np.median(x)) for x in zip(*one_runs))
                 else:
                     save, load = _gbps(_spawn(_client, n, daemon.target, pages, rounds, 16 * n))
                 lat = np.concatenate(_spawn(_lookup_client, n, looks.target, LOOKUP_RUNS)) * 1e3
@@ -301,14 +304,14 @@ def main(argv: list[str] | None = None) -> None:
         emit_json(lines)
     else:
         one = [m for m in lines if m.case == "1-client" and m.variant == "shm load"][0]
-        p99 = [m for m in lines if m.case == "1-client" and m.variant.endswith("p99")][0]
+        tail = [m for m in lines if m.case == "1-client" and m.variant.endswith("p99")][0]
         print_table(
             ("case", "variant", "value", "unit", "baseline", "ratio"),
             [(m.case, m.variant, m.value, m.unit, m.baseline_value, m.ratio) for m in lines],
             title=f"bench.daemon: pages of {layout.page_bytes // 1024} KiB, {pages} per client "
                   f"and round, {rounds} rounds; {os.cpu_count()} cores",
             headline=f"headline: 1 client loads at {one.ratio:.2f} x the in-process store "
-                     f"(target >= 0.9); lookup p99 {p99.value:.3f} ms (target <= 1 ms)")
+                     f"(target >= 0.9); lookup p99 {tail.value:.3f} ms (target <= 1 ms)")
     if args.record:
         print(f"recorded {record('daemon', lines, command_line())}")
 
