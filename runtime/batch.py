@@ -145,7 +145,7 @@ def id_array(ids: Sequence[Any], limit: int) -> array.array[int] | None:
     numpy integer; bools excluded) in ``[0, limit)``; None when some id is not (then
     :func:`first_bad_id` names it). In C: a per-element Python check of a 32K-token prompt
     costs milliseconds of TTFT (a type census alone ~1 ms). A bool passes the conversion as 0
-    or 1, so the types are looked at only when some id is 0 or 1."""
+    or 1, so the types of the ids that are 0 or 1 are looked at."""
     try:
         arr = array.array("I", ids)  # rejects non-integers and negative ids in C
     except (TypeError, OverflowError, ValueError):
@@ -154,9 +154,15 @@ def id_array(ids: Sequence[Any], limit: int) -> array.array[int] | None:
         return None
     view = np.frombuffer(arr, dtype=np.uint32)
     if len(view) and (int(view.max()) >= limit
-                      or (int(view.min()) <= 1 and bool in set(map(type, ids)))):
+                      or (int(view.min()) <= 1 and _holds_bool(ids, view))):
         return None
     return arr
+
+
+def _holds_bool(ids: Sequence[Any], view: np.ndarray) -> bool:
+    """Whether one of ``ids`` that converted to 0 or 1 is a bool: only those are looked at (a
+    prompt whose first token is a BOS of id 1 would pay a type census of every id otherwise)."""
+    return any(type(ids[i]) is bool for i in np.flatnonzero(view <= 1).tolist())
 
 
 def int32le(ids: array.array[int]) -> bytes:

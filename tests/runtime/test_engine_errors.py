@@ -68,6 +68,7 @@ def test_bad_sampling_params(kwargs: dict[str, object], match: str) -> None:
         # long prompts take the bulk check (runtime.batch.id_array): the same refusals
         ([5] * 100 + [True], SamplingParams(), "token id True is outside"),
         ([5] * 100 + [False], SamplingParams(), "token id False is outside"),
+        ([0, 1] * 50 + [True] + [1, 0] * 5, SamplingParams(), "token id True is outside"),
         ([5] * 100 + [512], SamplingParams(), "token id 512 is outside"),
         ([5] * 100 + [-1], SamplingParams(), "token id -1 is outside"),
         ([5] * 100 + [2.0], SamplingParams(), "token id 2.0 is outside"),
