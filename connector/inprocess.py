@@ -212,14 +212,17 @@ class InProcessScheduler(KVConnectorScheduler):
         if found is None:
             self.pending_answers += 1
             return LoadMatch(None, False)
-        rank = self._rank
-        n = next((i for i, t in enumerate(found.tiers) if rank[t] < self._host), found.num_blocks)
-        n = self._worth_loading(found.tiers[:n])
+        # per tier, not per block (C loops over a 32K-token hit's 2048 tier names): the run up
+        # to the first block a tier faster than host holds (the engine has it already)
+        tiers, rank = found.tiers, self._rank
+        n = min((tiers.index(t) for t in set(tiers) if rank[t] < self._host),
+                default=found.num_blocks)
+        n = self._worth_loading(tiers[:n])
         if n == 0:
             if found.lease is not None:
                 self._release(found.lease)
             return LoadMatch(0, False)
-        load_async = self.async_below_host and any(rank[t] > self._host for t in found.tiers[:n])
+        load_async = self.async_below_host and any(rank[t] > self._host for t in set(tiers[:n]))
         lease = found.lease
         if lease is not None and n < found.num_blocks:
             try:  # the rest (held in hbm, or declined) must stay evictable
@@ -314,8 +317,11 @@ class InProcessScheduler(KVConnectorScheduler):
         page_bytes = self.store.layout.page_bytes
         rank, bw_of = self._rank, self.store.read_bandwidth
         n = len(tiers)
+        lower = [tiers.index(t) for t in set(tiers) if rank[t] > self._host]
+        if not lower:  # the usual hit, all in host or faster: nothing to weigh
+            return n
         below = 0
-        for i, t in enumerate(tiers):
+        for i, t in enumerate(tiers[min(lower):], min(lower)):
             if rank[t] <= self._host:
                 continue
             bw = bw_of(t)
