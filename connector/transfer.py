@@ -38,6 +38,7 @@ CUDA ordering (never blocking the engine thread on a copy):
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -199,6 +200,39 @@ class _CudaLoad:
     dst_idx: torch.Tensor  # pinned int64, read by the kernel through UVA
     src_idx: torch.Tensor
     events: list[torch.cuda.Event]
+    buffer: torch.Tensor | None = None  # the pinned buffer both index views are of
+
+
+class _IndexBuffers:
+    """Pinned int64 buffers for a load's two index arrays, reused from load to load: pinning
+    fresh host memory and building tensors from Python ints came before a hit's first copy
+    (a 32K-token hit: two arrays of 2048). A buffer is taken by ``load_context`` and given
+    back by ``finish_load``, once the copies that read it through UVA have ended."""
+
+    _KEEP = 8  # buffers kept for reuse; more loads at once allocate more
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[torch.Tensor] = []
+
+    def take(self, first: Sequence[int], second: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """(buffer, first as a view of it, second as a view of it)."""
+        n = len(first)
+        with self._lock:
+            at = next((i for i, b in enumerate(self._free) if b.numel() >= 2 * n), None)
+            buf = self._free.pop(at) if at is not None else None
+        if buf is None:
+            size = max(1024, 1 << (2 * n - 1).bit_length())  # few distinct sizes
+            buf = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        view = buf.numpy()
+        view[:n] = first  # numpy converts the ints in C
+        view[n: 2 * n] = second
+        return buf, buf[:n], buf[n: 2 * n]
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            if len(self._free) < self._KEEP:
+                self._free.append(buf)
 
 
 class CudaTransfer(LayerTransfer):
@@ -236,6 +270,7 @@ class CudaTransfer(LayerTransfer):
         # loads gate the layers waiting for them, and their copy kernels share the SMs with the
         # step's compute: a high-priority stream gets their thread blocks scheduled first
         self._load_stream = torch.cuda.Stream(self.device, priority=-1)
+        self._index = _IndexBuffers()
         self._save_stream = torch.cuda.Stream(self.device)
         self.save_blocks = save_copy_blocks(self.device)
 
@@ -250,8 +285,8 @@ class CudaTransfer(LayerTransfer):
 
     def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> _CudaLoad:
         self._load_stream.wait_event(gate)
-        return _CudaLoad(self._pinned(block_ids), self._pinned(slots),
-                         [torch.cuda.Event() for _ in range(self._L)])
+        buf, dst, src = self._index.take(block_ids, slots)
+        return _CudaLoad(dst, src, [torch.cuda.Event() for _ in range(self._L)], buf)
 
     def load_layer(self, ctx: _CudaLoad, layer: int) -> None:
         copy_rows(self._layers[layer], self._slab_layers[layer], ctx.dst_idx, ctx.src_idx,
@@ -260,6 +295,9 @@ class CudaTransfer(LayerTransfer):
 
     def finish_load(self, ctx: _CudaLoad) -> None:
         ctx.events[-1].synchronize()  # one stream, in order: the last layer ends the load
+        if ctx.buffer is not None:  # no kernel reads the indices any more
+            buf, ctx.buffer = ctx.buffer, None
+            self._index.give(buf)
 
     def wait_layer(self, ctx: _CudaLoad, layer: int) -> None:
         torch.cuda.current_stream(self.device).wait_event(ctx.events[layer])

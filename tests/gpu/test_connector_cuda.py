@@ -92,3 +92,33 @@ def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool) -> None:
     assert worker.stats().blocks_loaded == 5
     worker.close()
     store.close()
+
+
+def test_loads_reuse_their_index_buffers_and_copy_the_right_rows() -> None:
+    """Each load's block and slot indices live in a pinned buffer reused by the next load
+    (connector/transfer.py): loads of different lengths, one after another through one worker,
+    each land exactly their own pages in their own blocks."""
+    host = HostTier("host", LAYOUT, 16, Metrics())
+    store = TieredStore(LAYOUT, [host])
+    ns = Namespace("gpu-test", LAYOUT)
+    spec, tensors = _caches("page_first")
+    sched = InProcessScheduler(store, ns, num_blocks=32)
+    worker = InProcessWorker(store)
+    worker.register_kv_caches(spec)
+    prompts = {n: list(range(100 * n, 100 * n + 16 * n + 1)) for n in (5, 2, 4)}
+    sources = {5: [0, 1, 2, 3, 4], 2: [5, 6], 4: [7, 8, 9, 10]}
+    for n, tokens in prompts.items():
+        assert _step(sched, worker, f"save-{n}", tokens, [], sources[n], ns) == set()
+    worker.wait_for_save()
+    want = {n: [_block(tensors, b) for b in sources[n]] for n in prompts}
+    targets = {5: [31, 30, 29, 28, 27], 2: [20, 22], 4: [11, 13, 15, 17]}
+    for n, tokens in prompts.items():  # longest first: later loads reuse its buffer
+        assert _step(sched, worker, f"load-{n}", tokens, targets[n], None, ns) == set()
+        torch.cuda.synchronize()
+        for b, w in zip(targets[n], want[n]):
+            assert torch.equal(_block(tensors, b), w)
+    # one buffer served every load
+    assert len(worker._xfer._index._free) == 1  # type: ignore[union-attr]
+    assert worker.stats().blocks_loaded == 11
+    worker.close()
+    store.close()
