@@ -85,7 +85,7 @@ from connector.base import (
 )
 from connector.transfer import CopyFn, LayerTransfer, SaveBuffer, make_transfer
 from kvstore.errors import InvalidArgument, LeaseError
-from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
+from kvstore.keys import BlockMeta, CheckedKeys, Namespace, chain_keys, token_bytes
 from kvstore.ops import copy_spans
 from kvstore.results import Lease, LookupResult
 from kvstore.staging import LoadHandle, StoreHandle
@@ -363,8 +363,8 @@ class InProcessScheduler(KVConnectorScheduler):
         if n == 0:
             self._drop(request_id)
             return
-        match.spec = LoadSpec(
-            request_id, self.namespace.id, tuple(block_ids), match.keys[:n],
+        match.spec = LoadSpec(  # the keys passed the lookup's checks: not checked again
+            request_id, self.namespace.id, tuple(block_ids), CheckedKeys(match.keys[:n]),
             match.lease, match.load_async,
         )
 
@@ -442,10 +442,34 @@ class InProcessScheduler(KVConnectorScheduler):
 # ===================================================================== worker side
 
 
+class _LayersQueued:
+    """How many of a load's layers have their copies queued (on the CPU: done), in layer
+    order; ``wait(layer)`` returns once that layer's are. One condition for every layer: a
+    load used to build one Event per layer before its first copy."""
+
+    __slots__ = ("_cond", "_n")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._n = 0
+
+    def reach(self, n: int) -> None:
+        with self._cond:
+            if n > self._n:
+                self._n = n
+                self._cond.notify_all()
+
+    def wait(self, layer: int) -> None:
+        if self._n > layer:  # the usual case on a GPU: every layer queued before the forward
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self._n > layer)
+
+
 @dataclass(eq=False)
 class _LoadJob:
     spec: LoadSpec
-    layers: list[threading.Event]
+    layers: _LayersQueued
     gate: Any = None  # what the copies wait for (LayerTransfer.gate)
     ctx: Any = None  # the transfer's context once copies are queued
     handle: LoadHandle | None = None  # the store's pins on the host slots copied from
@@ -633,7 +657,7 @@ class InProcessWorker(KVConnectorWorker):
         assert self._xfer is not None
         gate = self._xfer.gate() if self._meta.loads else None
         for spec in self._meta.loads:
-            job = _LoadJob(spec, [threading.Event() for _ in range(self.layout.num_layers)], gate)
+            job = _LoadJob(spec, _LayersQueued(), gate)
             with self._lock:
                 self._jobs.append(job)
                 if spec.load_async:
@@ -666,7 +690,7 @@ class InProcessWorker(KVConnectorWorker):
         xfer = self._xfer
         assert xfer is not None or not self._step_loads
         for job in self._step_loads:
-            job.layers[layer].wait()
+            job.layers.wait(layer)
             if job.ctx is not None:
                 xfer.wait_layer(job.ctx, layer)  # type: ignore[union-attr]
 
@@ -676,7 +700,7 @@ class InProcessWorker(KVConnectorWorker):
         copy, setting each layer's Event. Returns (how many blocks load, failure reason)."""
         spec, xfer = job.spec, self._xfer
         assert xfer is not None
-        keys, n = list(spec.keys), len(spec.keys)
+        keys, n = spec.keys, len(spec.keys)
         good, reason = 0, ""
         if spec.lease is not None and spec.lease.expires_at <= self._clock():
             reason = "lease_expired"
@@ -697,7 +721,8 @@ class InProcessWorker(KVConnectorWorker):
                         fut.result(timeout=max(0.0, deadline - time.monotonic()))
                     except FutureTimeout:
                         reason = "timeout"
-            job.handle = self.store.prepare_load(spec.namespace_id, keys[:usable],
+            job.handle = self.store.prepare_load(spec.namespace_id,
+                                                 keys if usable == n else keys[:usable],
                                                  lease=spec.lease, tier=self._host_name)
             good = job.handle.num_blocks
             if good < n and not reason:
@@ -708,7 +733,7 @@ class InProcessWorker(KVConnectorWorker):
         for lyr in range(self.layout.num_layers):
             if good:
                 xfer.load_layer(job.ctx, lyr)
-            job.layers[lyr].set()
+            job.layers.reach(lyr + 1)
         return good, reason
 
     def _run_load(self, job: _LoadJob, queued: tuple[int, str] | None = None) -> None:
@@ -729,8 +754,7 @@ class InProcessWorker(KVConnectorWorker):
                 except Exception:  # noqa: BLE001
                     pass
         finally:
-            for ev in job.layers:
-                ev.set()
+            job.layers.reach(self.layout.num_layers)
             if job.handle is not None:
                 try:
                     self.store.complete_load(job.handle)  # releases the lease too

@@ -200,39 +200,50 @@ class _CudaLoad:
     dst_idx: torch.Tensor  # pinned int64, read by the kernel through UVA
     src_idx: torch.Tensor
     events: list[torch.cuda.Event]
-    buffer: torch.Tensor | None = None  # the pinned buffer both index views are of
+    buffer: torch.Tensor | None = None  # the pinned buffer of both index views (None: given back)
 
 
-class _IndexBuffers:
-    """Pinned int64 buffers for a load's two index arrays, reused from load to load: pinning
-    fresh host memory and building tensors from Python ints came before a hit's first copy
-    (a 32K-token hit: two arrays of 2048). A buffer is taken by ``load_context`` and given
-    back by ``finish_load``, once the copies that read it through UVA have ended."""
+class _LoadBuffers:
+    """What a load's copies need besides the pages, reused from load to load: a pinned int64
+    buffer for its two index arrays and its per-layer events. Pinning fresh host memory,
+    building tensors from Python ints and creating one event per layer came before a hit's
+    first copy (a 32K-token hit: two arrays of 2048). Taken by ``load_context``, given back by
+    ``finish_load`` once the copies that read the indices through UVA have ended (an event
+    recorded again later leaves the waits already queued on it as they were)."""
 
-    _KEEP = 8  # buffers kept for reuse; more loads at once allocate more
+    _KEEP = 8  # sets kept for reuse; more loads at once allocate more
 
-    def __init__(self) -> None:
+    def __init__(self, num_layers: int) -> None:
+        self._L = num_layers
         self._lock = threading.Lock()
-        self._free: list[torch.Tensor] = []
+        self._buffers: list[torch.Tensor] = []
+        self._events: list[list[torch.cuda.Event]] = []
 
-    def take(self, first: Sequence[int], second: Sequence[int]) -> tuple[torch.Tensor, ...]:
-        """(buffer, first as a view of it, second as a view of it)."""
+    def take(self, first: Sequence[int], second: Sequence[int]) -> _CudaLoad:
         n = len(first)
         with self._lock:
-            at = next((i for i, b in enumerate(self._free) if b.numel() >= 2 * n), None)
-            buf = self._free.pop(at) if at is not None else None
+            at = next((i for i, b in enumerate(self._buffers) if b.numel() >= 2 * n), None)
+            buf = self._buffers.pop(at) if at is not None else None
+            events = self._events.pop() if self._events else None
         if buf is None:
             size = max(1024, 1 << (2 * n - 1).bit_length())  # few distinct sizes
             buf = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        if events is None:
+            events = [torch.cuda.Event() for _ in range(self._L)]
         view = buf.numpy()
         view[:n] = first  # numpy converts the ints in C
         view[n: 2 * n] = second
-        return buf, buf[:n], buf[n: 2 * n]
+        return _CudaLoad(buf[:n], buf[n: 2 * n], events, buf)
 
-    def give(self, buf: torch.Tensor) -> None:
+    def give(self, ctx: _CudaLoad) -> None:
+        buf, ctx.buffer = ctx.buffer, None
+        if buf is None:  # given back already
+            return
         with self._lock:
-            if len(self._free) < self._KEEP:
-                self._free.append(buf)
+            if len(self._buffers) < self._KEEP:
+                self._buffers.append(buf)
+            if len(self._events) < self._KEEP:
+                self._events.append(ctx.events)
 
 
 class CudaTransfer(LayerTransfer):
@@ -270,7 +281,7 @@ class CudaTransfer(LayerTransfer):
         # loads gate the layers waiting for them, and their copy kernels share the SMs with the
         # step's compute: a high-priority stream gets their thread blocks scheduled first
         self._load_stream = torch.cuda.Stream(self.device, priority=-1)
-        self._index = _IndexBuffers()
+        self._loads = _LoadBuffers(num_layers)
         self._save_stream = torch.cuda.Stream(self.device)
         self.save_blocks = save_copy_blocks(self.device)
 
@@ -285,8 +296,7 @@ class CudaTransfer(LayerTransfer):
 
     def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> _CudaLoad:
         self._load_stream.wait_event(gate)
-        buf, dst, src = self._index.take(block_ids, slots)
-        return _CudaLoad(dst, src, [torch.cuda.Event() for _ in range(self._L)], buf)
+        return self._loads.take(block_ids, slots)
 
     def load_layer(self, ctx: _CudaLoad, layer: int) -> None:
         copy_rows(self._layers[layer], self._slab_layers[layer], ctx.dst_idx, ctx.src_idx,
@@ -295,9 +305,7 @@ class CudaTransfer(LayerTransfer):
 
     def finish_load(self, ctx: _CudaLoad) -> None:
         ctx.events[-1].synchronize()  # one stream, in order: the last layer ends the load
-        if ctx.buffer is not None:  # no kernel reads the indices any more
-            buf, ctx.buffer = ctx.buffer, None
-            self._index.give(buf)
+        self._loads.give(ctx)  # no kernel reads its indices any more
 
     def wait_layer(self, ctx: _CudaLoad, layer: int) -> None:
         torch.cuda.current_stream(self.device).wait_event(ctx.events[layer])

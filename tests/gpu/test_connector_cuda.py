@@ -118,7 +118,7 @@ def test_loads_reuse_their_index_buffers_and_copy_the_right_rows() -> None:
         for b, w in zip(targets[n], want[n]):
             assert torch.equal(_block(tensors, b), w)
     # one buffer served every load
-    assert len(worker._xfer._index._free) == 1  # type: ignore[union-attr]
+    assert len(worker._xfer._loads._buffers) == 1  # type: ignore[union-attr]
     assert worker.stats().blocks_loaded == 11
     worker.close()
     store.close()
