@@ -37,7 +37,7 @@ and those are preempted from the tail; a lone request fits by the admission chec
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -209,9 +209,9 @@ class Scheduler:
                     ntok = len(loaded) * self.block_size
                     self.connector.scheduler.update_state_after_alloc(
                         req.connector_id, loaded, ntok)
-                    for tier in req.load_tiers:
+                    for tier, blocks in Counter(req.load_tiers).items():  # per tier, in C
                         req.num_tokens_reused[tier] = (req.num_tokens_reused.get(tier, 0)
-                                                       + self.block_size)
+                                                       + blocks * self.block_size)
                     self.num_tokens_loaded += ntok
                     req.load_start, req.load_block_ids = hits, loaded
                     self._loading.append(req)
