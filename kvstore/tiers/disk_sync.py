@@ -83,7 +83,10 @@ class GroupCommitter:
             self._sync()
 
     def _run(self) -> None:
-        while True:
+        # The stop is checked on every turn, not only while waiting out the interval: a close
+        # that lands between that wait and the clear below has its wake-up cleared, and a
+        # thread that then waited for the next one would never end (close joins it).
+        while not self._stop.is_set():
             self._wake.wait()
             # Let puts gather for one interval: one flush then covers all of them.
             if self._stop.wait(self.interval_s):

@@ -154,3 +154,29 @@ def test_sigkill_before_any_group_commit_loses_no_acknowledged_put(tmp_path: Pat
         assert tier.read(namespace(LAYOUT).id, acked, outs) == [True] * len(acked)
         for k, o in zip(acked, outs):
             assert np.array_equal(o, expected_page(k, LAYOUT.page_bytes))
+
+
+def test_a_close_between_the_interval_and_the_clear_still_ends_the_committer() -> None:
+    """The group-commit thread woke, waited out its interval (no stop yet), and a close lands
+    before it clears its wake-up: the close's wake-up is cleared with the put's. The thread must
+    still end (a tier's close joins it; it used to wait forever)."""
+    from kvstore.tiers.disk_sync import GroupCommitter
+
+    syncs: list[str] = []
+    committer = GroupCommitter("race", lambda: syncs.append("slab"),
+                               lambda: syncs.append("index"), 0.01, lambda why: None)
+
+    class CloseLandsHere(threading.Event):
+        def clear(self) -> None:
+            committer._stop.set()  # what close() does first: stop, then wake
+            threading.Event.set(self)
+            super().clear()
+
+    parked = committer._wake  # the thread waits on this one now
+    committer._wake = CloseLandsHere()
+    committer.noted += 1
+    parked.set()
+    committer._thread.join(5)
+    assert not committer._thread.is_alive()
+    assert syncs == ["slab", "index"]  # the put it woke for was synced
+    committer.close()  # and a close afterwards returns at once
