@@ -177,7 +177,7 @@ def _prefault(slab: np.ndarray) -> None:
 
 
 def _inproc_client(layout_cfg: dict[str, Any], host_pages: int, pages: int, rounds: int,
-                   seed: int, barrier: Any, q: Any) -> None:
+                   _i: int, _barrier: Any, q: Any) -> None:
     """The baseline: the client's workload on an in-process store, in a process of its own."""
     from kvstore import KVLayout, Namespace, TieredStore
     from kvstore.tiers.host import HostTier

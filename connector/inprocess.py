@@ -101,6 +101,13 @@ def _host_index(store: TieredStore, host_tier: str) -> int:
     return store.tiers.index(tier)  # type: ignore[arg-type]
 
 
+def _first_block(tiers: Sequence[str], wanted: Callable[[str], bool]) -> int:
+    """The first block of a hit (``tiers``: its tier per block) whose tier is ``wanted``,
+    else ``len(tiers)``: asked once per distinct tier, the blocks scanned in C (a 32K-token
+    hit has 2048)."""
+    return min((tiers.index(t) for t in set(tiers) if wanted(t)), default=len(tiers))
+
+
 def _check_block_ids(block_ids: Sequence[int], num_blocks: int) -> None:
     # C-speed passes (a 32K-token hit checks 2048 ids at each of three calls before its load
     # starts); the loop only finds the culprit for the message
@@ -212,11 +219,9 @@ class InProcessScheduler(KVConnectorScheduler):
         if found is None:
             self.pending_answers += 1
             return LoadMatch(None, False)
-        # per tier, not per block (C loops over a 32K-token hit's 2048 tier names): the run up
-        # to the first block a tier faster than host holds (the engine has it already)
+        # the run up to the first block a tier faster than host holds (the engine has it)
         tiers, rank = found.tiers, self._rank
-        n = min((tiers.index(t) for t in set(tiers) if rank[t] < self._host),
-                default=found.num_blocks)
+        n = _first_block(tiers, lambda t: rank[t] < self._host)
         n = self._worth_loading(tiers[:n])
         if n == 0:
             if found.lease is not None:
@@ -317,11 +322,11 @@ class InProcessScheduler(KVConnectorScheduler):
         page_bytes = self.store.layout.page_bytes
         rank, bw_of = self._rank, self.store.read_bandwidth
         n = len(tiers)
-        lower = [tiers.index(t) for t in set(tiers) if rank[t] > self._host]
-        if not lower:  # the usual hit, all in host or faster: nothing to weigh
+        first = _first_block(tiers, lambda t: rank[t] > self._host)
+        if first == n:  # the usual hit, all in host or faster: nothing to weigh
             return n
         below = 0
-        for i, t in enumerate(tiers[min(lower):], min(lower)):
+        for i, t in enumerate(tiers[first:], first):
             if rank[t] <= self._host:
                 continue
             bw = bw_of(t)
@@ -697,7 +702,7 @@ class InProcessWorker(KVConnectorWorker):
     def _resolve_and_queue(self, job: _LoadJob, *, may_wait: bool) -> tuple[int, str]:
         """Pin the pages' host slots through the store -- prefetching what is below host per
         the prefetch policy, when ``may_wait`` -- and queue (or, on the CPU, run) every layer's
-        copy, setting each layer's Event. Returns (how many blocks load, failure reason)."""
+        copy, marking each layer queued. Returns (how many blocks load, failure reason)."""
         spec, xfer = job.spec, self._xfer
         assert xfer is not None
         keys, n = spec.keys, len(spec.keys)

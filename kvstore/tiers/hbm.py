@@ -304,10 +304,10 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         if not ids or set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= n:
             return False
         refs = self._refs
-        if len(set(ids)) != len(ids) or 0 in map(refs.__getitem__, ids):
+        held = list(map(refs.__getitem__, ids))
+        if len(set(ids)) != len(ids) or 0 in held:
             return False
         metas, cached = self._metas, self._cached
-        held = list(map(refs.__getitem__, ids))
         if held.count(1) == len(ids) and None not in map(metas.__getitem__, ids):
             # a finished request's committed blocks, each its alone: all cached, in C loops
             deque(map(refs.__setitem__, ids, repeat(0)), maxlen=0)
