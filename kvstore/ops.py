@@ -304,6 +304,25 @@ def copy_2d(dst: torch.Tensor, src: torch.Tensor, *, stream: int | None = None) 
     return True
 
 
+def dma_2d() -> Callable[[int, int, int, int, int, int, int], None] | None:
+    """The raw form of :func:`copy_2d` for hot loops, or None without the native library:
+    ``fn(dst_ptr, dst_pitch, src_ptr, src_pitch, width, height, stream)`` queues one
+    ``cudaMemcpy2DAsync`` (raises RuntimeError naming CUDA's error). Pointers and pitches in
+    bytes; the caller guarantees they are valid for the copy and stay alive until the stream
+    has passed it."""
+    ops = _resolve_cuda()
+    if ops is None:
+        return None
+
+    def copy(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+             stream: int) -> None:
+        rc = ops.copy_2d(dst, dpitch, src, spitch, width, height, stream)
+        if rc:
+            ops.check(rc, "copy_2d")
+
+    return copy
+
+
 _blocks_cache: dict[Any, int] = {}
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from connector import InProcessScheduler, InProcessWorker, KVCacheSpec
+from connector import InProcessScheduler, InProcessWorker, KVCacheSpec, transfer
 from kvstore import KVLayout, Metrics, Namespace, TieredStore
 from kvstore.tiers.host import HostTier
 
@@ -63,7 +63,20 @@ def _step(sched: InProcessScheduler, worker: InProcessWorker, rid: str, tokens: 
 
 @pytest.mark.parametrize("kind", ["page_first", "per_layer"])
 @pytest.mark.parametrize("layerwise", [True, False])
-def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool) -> None:
+@pytest.mark.parametrize("path", ["dma", "kernel"])
+def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool, path: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loads go by DMA where their pairs fall in few runs, else by the scatter kernel
+    (connector/transfer.py): both land every byte in its block."""
+    if path == "kernel":
+        monkeypatch.setattr(transfer, "_DMA_LOAD_RUNS", 0)  # no load is few enough runs
+    kernel_launches = []
+    real_copy_rows = transfer.copy_rows
+
+    def counted(*args: object, **kwargs: object) -> bool:
+        kernel_launches.append(1)
+        return real_copy_rows(*args, **kwargs)  # type: ignore[arg-type]
+
     host = HostTier("host", LAYOUT, 16, Metrics())
     assert host.pinned
     store = TieredStore(LAYOUT, [host])
@@ -85,7 +98,9 @@ def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool) -> None:
     worker = InProcessWorker(store, layerwise=layerwise)
     worker.register_kv_caches(spec)
     dst = [31, 4, 5, 12, 20]
+    monkeypatch.setattr(transfer, "copy_rows", counted)
     assert _step(sched, worker, "b", tokens, dst, None, ns) == set()
+    assert len(kernel_launches) == (LAYOUT.num_layers if path == "kernel" else 0)
     torch.cuda.synchronize()
     for b, w in zip(dst, want):
         assert torch.equal(_block(tensors, b), w)
