@@ -84,9 +84,9 @@ class StagingPath:
         Mutates: pins each returned slot (its bytes stay until :meth:`complete_load`, even if
         the key is deleted or replaced meanwhile); counts the pinned pages as the tier's read
         hits (and their bytes) and the rest as misses, and both as ``namespace_id``'s load hits
-        and misses; touches the tier's policy for each hit
-        and counts ``selective`` hits (a page reaching ``selective_hits`` is copied down in the
-        background). ``lease`` (from :meth:`lookup`) rides along and is released by
+        and misses. The tier's policy is touched for each hit, and ``selective`` hits counted
+        (a page reaching ``selective_hits`` is copied down in the background), when the load
+        completes (:meth:`complete_load`). ``lease`` (from :meth:`lookup`) rides along and is released by
         :meth:`complete_load`. Pages below the staging tier are not fetched: prefetch them first.
 
         Raises InvalidArgument (malformed keys or namespace id, another store's lease, no slab
@@ -101,7 +101,6 @@ class StagingPath:
                                   hint="pass the lease of this store's lookup")
         slab_tier = self.staging_tier(tier)
         t = cast(Tier, slab_tier)
-        ti = self._by_name[t.name]
         slots = slab_tier.pin_leading(list(keys), namespace_id)
         n = len(slots)
         t.count_reads(n, len(keys) - n)
@@ -112,16 +111,19 @@ class StagingPath:
                             tuple(keys[:n]), tuple(slots), lease, slab_tier.slab)
         with self._lock:
             self._loads[handle.id] = handle
-        self._after_read(ti, list(keys[:n]), [])
         return handle
 
     def complete_load(self, handle: LoadHandle) -> int:
-        """End a load: unpin the handle's slots and release its lease (an expired lease is no
-        error). Returns how many leading pages of the handle were valid while pinned -- all of
+        """End a load: count its pages as read by the tier's policy, unpin the handle's slots
+        and release its lease (an expired lease is no error). Returns how many leading pages of the handle were valid while pinned -- all of
         them: a pinned slot keeps its bytes. Raises LeaseError for a handle that is unknown or
         already completed, InvalidArgument for another store's handle."""
         self._check_open()
         held = self._pop_handle(self._loads, handle, "load")
+        # the policy learns of the hits here, not in prepare_load: that call stands between a
+        # hit and its first copy (the pins kept the pages meanwhile); before the unpin, so they
+        # become evictable as the most recently used
+        self._after_read(self._by_name[held.tier], list(held.keys), [])
         cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
         if held.lease is not None:
             try:

@@ -439,3 +439,20 @@ def test_a_page_gone_between_count_and_lease_ends_the_leased_run(layout: KVLayou
     assert not any(store.is_pinned(k) for k in chain.keys)
     assert not tier.contains([chain.keys[gone]])[0]
     store.check_integrity()
+
+
+def test_a_completed_staging_load_makes_its_pages_the_most_recently_used(
+        layout: KVLayout, ns: Namespace) -> None:
+    """The policy counts a staging load's pages as read when the load completes (not before its
+    copies: prepare_load stands between a hit and its first copy); LRU then evicts the pages
+    nobody loaded first."""
+    store = two_tier(layout, "write_back", top=4)
+    chain = ns.chain(list(range(16 * 5)))
+    store.put(chain.metas(0, 4), random_pages(layout, 4), tier="fast")
+    handle = store.prepare_load(ns.id, chain.keys[:2], tier="fast")  # the two oldest
+    assert handle.num_blocks == 2
+    assert store.complete_load(handle) == 2
+    store.put(chain.metas(4, 5), random_pages(layout, 1), tier="fast")  # one must go
+    held = store.tier("fast").contains(chain.keys[:5])
+    assert held == [True, True, False, True, True]
+    store.close()
