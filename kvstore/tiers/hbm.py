@@ -50,6 +50,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat, starmap
+from operator import is_
 from typing import Any
 
 import numpy as np
@@ -308,7 +309,9 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         if len(set(ids)) != len(ids) or 0 in held:
             return False
         metas, cached = self._metas, self._cached
-        if held.count(1) == len(ids) and None not in map(metas.__getitem__, ids):
+        # ``is`` in C: ``None in metas`` would call each BlockMeta's dataclass __eq__ in Python
+        if held.count(1) == len(ids) and not any(map(is_, map(metas.__getitem__, ids),
+                                                     repeat(None))):
             # a finished request's committed blocks, each its alone: all cached, in C loops
             deque(map(refs.__setitem__, ids, repeat(0)), maxlen=0)
             cached.update(ids)
