@@ -459,6 +459,9 @@ class HBMTier(SlotReads, Tier, OwnedPool):
             return None
         # C loops: a 32K-token request takes 2048 blocks before its load can start
         got = list(starmap(self._free.popleft, repeat((), n)))
+        # ascending: blocks freed together come back in eviction order (a chain's tail first,
+        # so descending), and a load copies a run of adjacent blocks as one DMA, not one each
+        got.sort()
         refs = self._refs
         deque(map(refs.__setitem__, got, repeat(1)), maxlen=0)
         return got

@@ -197,6 +197,18 @@ def test_leaf_first_policy_evicts_chain_ends(layout: KVLayout, ns: Namespace) ->
     assert pool.count_leading(c1.keys) == 1 and pool.count_leading(c2.keys) == 3
 
 
+def test_blocks_come_back_ascending_after_a_leaf_first_eviction(
+        layout: KVLayout, ns: Namespace) -> None:
+    """Leaf-first eviction frees a chain tail first (descending block ids); an allocation
+    still takes its blocks in ascending order, so a load into them copies one run by DMA
+    (connector/transfer.py) instead of one block at a time."""
+    pool, owner, (c1, c2) = _committed_pool(layout, ns, "lineage")
+    got = pool.allocate(6)  # evicts both chains, each tail first
+    assert got == [0, 1, 2, 3, 4, 5]
+    assert owner.evicted[:3] == [c1.keys[2], c1.keys[1], c1.keys[0]]
+    pool.check_integrity()
+
+
 def test_only_unreferenced_committed_blocks_are_evicted(layout: KVLayout, ns: Namespace) -> None:
     pool, owner, (c1, c2) = _committed_pool(layout, ns, "fifo")
     in_use = pool.acquire_prefix(c1.keys[:2])  # the two oldest blocks, now in use
