@@ -86,8 +86,9 @@ class StagingPath:
         hits (and their bytes) and the rest as misses, and both as ``namespace_id``'s load hits
         and misses. The tier's policy is touched for each hit, and ``selective`` hits counted
         (a page reaching ``selective_hits`` is copied down in the background), when the load
-        completes (:meth:`complete_load`). ``lease`` (from :meth:`lookup`) rides along and is released by
-        :meth:`complete_load`. Pages below the staging tier are not fetched: prefetch them first.
+        completes (:meth:`complete_load`). ``lease`` (from :meth:`lookup`) rides along and is
+        released by :meth:`complete_load`. Pages below the staging tier are not fetched:
+        prefetch them first.
 
         Raises InvalidArgument (malformed keys or namespace id, another store's lease, no slab
         tier) and StoreClosed, changing nothing. A handle does not expire: its pins hold until
@@ -115,9 +116,10 @@ class StagingPath:
 
     def complete_load(self, handle: LoadHandle) -> int:
         """End a load: count its pages as read by the tier's policy, unpin the handle's slots
-        and release its lease (an expired lease is no error). Returns how many leading pages of the handle were valid while pinned -- all of
-        them: a pinned slot keeps its bytes. Raises LeaseError for a handle that is unknown or
-        already completed, InvalidArgument for another store's handle."""
+        and release its lease (an expired lease is no error). Returns how many leading pages of
+        the handle were valid while pinned -- all of them: a pinned slot keeps its bytes.
+        Raises LeaseError for a handle that is unknown or already completed, InvalidArgument
+        for another store's handle."""
         self._check_open()
         held = self._pop_handle(self._loads, handle, "load")
         # the policy learns of the hits here, not in prepare_load: that call stands between a
