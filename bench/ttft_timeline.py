@@ -1,0 +1,209 @@
+"""Where a layer-wise host hit's time goes, phase by phase: when each step of the engine thread
+starts and ends after ``generate`` is called, and (on a GPU) when the load's copies and the
+forward end on the device, against ``load only`` and the engine's hbm hit in the same run.
+
+    python -m bench.ttft_timeline [--lengths 4096,32768] [--runs 15]
+
+The engine's, scheduler's, connector's and store's methods on the hit path are wrapped with
+``perf_counter`` stamps (a microsecond or two each): unlike a ``torch.profiler`` trace with
+Python frames, which slowed the 4K hit's forward launch 50-fold, the timeline stays the hit's
+own. Medians over ``--runs`` hits (prefix only in host, as ``bench.ttft`` measures them).
+The GPU marks are CUDA events recorded on the load stream after layers 0, 1, L/2, L-2 and L-1,
+and on the engine's stream when the forward returns.
+
+What it showed on the H200 (4K, Llama-3-8B): the first copy 0.9-1.2 ms after ``generate``, the
+forward ending 0.46 ms after the last copy (the last layer and ``lm_head``), the token 0.18 ms
+later, ``generate`` returning 0.3 ms after that; and the scatter kernel's loads running 0.7 ms
+longer beside the forward than alone (now DMA: ``connector/transfer.py``).
+
+Not a recorded bench: it prints, for whoever tunes the hit path (``bench.ttft_profile`` takes
+the no-reuse and hit cases apart by totals)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench import ttft_engine as te
+from kvstore.keys import Namespace
+from kvstore.metrics import Metrics
+from kvstore.store import TieredStore
+from kvstore.tiers.hbm import HBMTier
+from kvstore.tiers.host import HostTier
+from runtime import LlamaForPagedLM, get_model_config
+
+
+class _Stamps:
+    """(label, start, end) in seconds after ``t0`` for every call of the wrapped methods."""
+
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self.marks: list[tuple[str, float, float]] = []
+
+    def wrap(self, obj: Any, attr: str, label: str) -> None:
+        fn: Callable[..., Any] = getattr(obj, attr)
+
+        @functools.wraps(fn)
+        def stamped(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.marks.append((label, start - self.t0, time.perf_counter() - self.t0))
+
+        setattr(obj, attr, stamped)
+
+
+def _gpu_marks(engine: Any, num_layers: int, marks: list[tuple[str, torch.cuda.Event]]) -> None:
+    """Record timing events after some layers' copies and after the forward."""
+    xfer = engine.connector.worker._xfer
+    load_layer, load_context, forward = xfer.load_layer, xfer.load_context, engine._forward
+    watched = {0, 1, num_layers // 2, num_layers - 2, num_layers - 1}
+
+    def event(what: str, stream: Any = None) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        marks.append((what, ev))
+
+    def on_load_context(gate: Any, blocks: Any, slots: Any) -> Any:
+        ctx = load_context(gate, blocks, slots)
+        event("copies start", xfer._load_stream)
+        return ctx
+
+    def on_load_layer(ctx: Any, layer: int) -> None:
+        load_layer(ctx, layer)
+        if layer in watched:
+            event(f"copy of layer {layer} ends", xfer._load_stream)
+
+    def on_forward(chunks: Any, hooks: Any) -> Any:
+        out = forward(chunks, hooks)
+        event("forward ends")
+        return out
+
+    xfer.load_context, xfer.load_layer, engine._forward = on_load_context, on_load_layer, on_forward
+
+
+def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None:
+    cfg = model.config
+    layout = cfg.kv_layout(te.BLOCK)
+    ns = Namespace("bench/ttft/timeline", layout)
+    prompts = te._Prompts(cfg.vocab_size)
+    nblk = (n - 1) // te.BLOCK
+    bare = te._bare_engine(model, layout, ns, n, device)
+    metrics = Metrics()
+    pool = HBMTier("hbm", layout, te._pool_blocks(n), metrics, device=device)
+    host = HostTier("host", layout, te._pool_blocks(n), metrics)
+    store = TieredStore(layout, [pool, host], write_policy="write_back")
+    engine, worker = te._connected_engine(model, pool, store, ns, n, layerwise=True)
+    try:
+        prompt = prompts.new(n)
+        keys = ns.chain(prompt).keys[:nblk]
+        te._timed_generate(engine, prompt, device)
+        engine.drain()
+
+        def only_in_host() -> None:
+            engine.drain()
+            te._evict(store, "hbm")
+            te._sync(device)
+
+        stamps = _Stamps()
+        assert engine.connector is not None
+        sched, conn = engine.scheduler, engine.connector
+        for obj, attr, label in (
+                (engine, "add_request", "add_request"), (sched, "schedule", "schedule"),
+                (conn.scheduler, "get_num_new_matched_tokens", "  connector match"),
+                (store, "lookup", "    store.lookup"),
+                (conn.scheduler, "update_state_after_alloc", "  update_state_after_alloc"),
+                (conn.scheduler, "build_connector_meta", "build_connector_meta"),
+                (worker, "bind_connector_metadata", "bind_connector_metadata"),
+                (worker, "start_load_kv", "start_load_kv"),
+                (store, "prepare_load", "  store.prepare_load"),
+                (engine, "_forward", "forward (queued)"),
+                (sched, "prepare_commits", "prepare_commits"), (engine, "_commit", "commit"),
+                (engine, "_sample", "sample"), (engine, "_wait_loads", "wait for load threads"),
+                (store, "complete_load", "(load thread) store.complete_load"),
+                (sched, "update", "scheduler.update"), (engine, "_reap", "reap"),
+                (sched, "take_finished", "take_finished")):
+            stamps.wrap(obj, attr, label)
+        gpu_events: list[tuple[str, torch.cuda.Event]] = []
+        if device.type == "cuda":
+            _gpu_marks(engine, layout.num_layers, gpu_events)
+        spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        gpu_at: dict[str, list[float]] = defaultdict(list)
+        returned: list[float] = []
+        for i in range(runs + 1):  # the first is a warm-up
+            only_in_host()
+            stamps.marks.clear()
+            gpu_events.clear()
+            start = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
+            if start is not None:
+                start.record()
+            stamps.t0 = time.perf_counter()
+            (out,) = engine.generate([prompt], te.GREEDY)
+            back = time.perf_counter() - stamps.t0
+            te._expect(out, {"hbm": 0, "host": nblk * te.BLOCK}, f"host hit, {n} tokens")
+            if not i:
+                continue
+            returned.append(back)
+            for label, s, e in stamps.marks:
+                spans[label].append((s, e))
+            if start is not None:
+                torch.cuda.synchronize()
+                for what, ev in gpu_events:
+                    gpu_at[what].append(start.elapsed_time(ev) / 1e3)
+        only_in_host()
+        load = te._load_only(pool, host, keys, device, runs)
+        hbm_prompt = prompts.new(n)
+        te._timed_generate(bare, hbm_prompt, device)
+        hbm = statistics.median(te._timed_generate(bare, hbm_prompt, device)[0]
+                                for _ in range(runs))
+    finally:
+        engine.close()
+        store.close()
+        bare.close()
+        te._free_memory(device)
+    hit = statistics.median(returned)
+    ms = 1e3
+    print(f"\n== {n} tokens ({nblk} blocks from host), medians of {runs} hits, {device.type}")
+    print(f"  generate returned at {hit * ms:.3f} ms; load only {load * ms:.3f} ms; engine hbm hit "
+          f"{hbm * ms:.3f} ms; max(load, hbm) / hit = {max(load, hbm) / hit:.3f}")
+    print(f"  {'engine thread':36s} {'start':>8s} {'end':>8s} {'took':>7s}  (ms after generate)")
+    for label, v in sorted(spans.items(), key=lambda kv: statistics.median(s for s, _ in kv[1])):
+        s = statistics.median(a for a, _ in v)
+        e = statistics.median(b for _, b in v)
+        took = statistics.median(b - a for a, b in v)
+        print(f"  {label:36s} {s * ms:8.3f} {e * ms:8.3f} {took * ms:7.3f}"
+              + (f"  x{len(v) // runs}" if len(v) > runs else ""))
+    for what, at in gpu_at.items():
+        print(f"  GPU: {what:31s} {statistics.median(at) * ms:8.3f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.ttft_timeline")
+    p.add_argument("--lengths", default=None, help="comma-separated prompt lengths")
+    p.add_argument("--runs", type=int, default=15)
+    args = p.parse_args(argv)
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    cfg = get_model_config("llama3-8b" if gpu else "tiny")
+    if not gpu:
+        cfg = cfg.with_dtype("float32")
+    lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
+               else ([4096, 32768] if gpu else [1024, 4096]))
+    cfg = dataclasses.replace(cfg, max_position_embeddings=max(cfg.max_position_embeddings,
+                                                               max(lengths) + 16))
+    model = LlamaForPagedLM.from_random(cfg, 0, device=device)
+    for n in lengths:
+        run(n, model, device, args.runs)
+
+
+if __name__ == "__main__":
+    main()
