@@ -233,6 +233,16 @@ def _bare_engine(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, n: int
     return Engine(model, pool, ns, **_engine_kwargs(n))  # LocalOwner, no connector
 
 
+def host_store(layout: KVLayout, n: int, device: torch.device
+               ) -> tuple[HBMTier, HostTier, TieredStore]:
+    """An hbm pool and a host tier (pinned when CUDA is present), each sized for an ``n``-token
+    prompt, in a write-back store: what the host-hit cases run over."""
+    metrics = Metrics()
+    pool = HBMTier("hbm", layout, _pool_blocks(n), metrics, device=device)
+    host = HostTier("host", layout, _pool_blocks(n), metrics)
+    return pool, host, TieredStore(layout, [pool, host], write_policy="write_back")
+
+
 def _connected_engine(model: LlamaForPagedLM, pool: HBMTier, store: TieredStore, ns: Namespace,
                       n: int, *, layerwise: bool, prefetch_policy: PrefetchPolicy = "timeout"
                       ) -> tuple[Engine, InProcessWorker]:
@@ -352,10 +362,7 @@ def _host_cases(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, bare: E
     """host hit (layer-wise and load-then-compute), load only, PCIe floor, no-reuse."""
     nblk = (n - 1) // BLOCK
     reuse = nblk * BLOCK
-    metrics = Metrics()
-    pool = HBMTier("hbm", layout, _pool_blocks(n), metrics, device=device)
-    host = HostTier("host", layout, _pool_blocks(n), metrics)  # pinned when CUDA is present
-    store = TieredStore(layout, [pool, host], write_policy="write_back")
+    pool, host, store = host_store(layout, n, device)
     engines: list[Engine] = []
     r: dict[str, float] = {}
     try:

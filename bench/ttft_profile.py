@@ -38,10 +38,6 @@ import torch
 from bench import ttft_engine as te
 from bench.ttft import hf_and_ours
 from kvstore.keys import Namespace
-from kvstore.metrics import Metrics
-from kvstore.store import TieredStore
-from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.host import HostTier
 from runtime import get_model_config
 
 
@@ -115,10 +111,7 @@ def run(n: int, model: torch.nn.Module, cfg, device: torch.device, runs: int,
     prompts = te._Prompts(cfg.vocab_size)
     nblk = (n - 1) // te.BLOCK
     bare = te._bare_engine(model, layout, ns, n, device)
-    metrics = Metrics()
-    pool = HBMTier("hbm", layout, te._pool_blocks(n), metrics, device=device)
-    host = HostTier("host", layout, te._pool_blocks(n), metrics)
-    store = TieredStore(layout, [pool, host], write_policy="write_back")
+    pool, host, store = te.host_store(layout, n, device)
     lw, _ = te._connected_engine(model, pool, store, ns, n, layerwise=True)
     hit_prompt = prompts.new(n)
     keys = ns.chain(hit_prompt).keys[:nblk]

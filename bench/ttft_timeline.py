@@ -34,10 +34,6 @@ import torch
 
 from bench import ttft_engine as te
 from kvstore.keys import Namespace
-from kvstore.metrics import Metrics
-from kvstore.store import TieredStore
-from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.host import HostTier
 from runtime import LlamaForPagedLM, get_model_config
 
 
@@ -98,10 +94,7 @@ def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None
     prompts = te._Prompts(cfg.vocab_size)
     nblk = (n - 1) // te.BLOCK
     bare = te._bare_engine(model, layout, ns, n, device)
-    metrics = Metrics()
-    pool = HBMTier("hbm", layout, te._pool_blocks(n), metrics, device=device)
-    host = HostTier("host", layout, te._pool_blocks(n), metrics)
-    store = TieredStore(layout, [pool, host], write_policy="write_back")
+    pool, host, store = te.host_store(layout, n, device)
     engine, worker = te._connected_engine(model, pool, store, ns, n, layerwise=True)
     try:
         prompt = prompts.new(n)
