@@ -125,8 +125,10 @@ class StagingPath:
         # the policy learns of the hits here, not in prepare_load: that call stands between a
         # hit and its first copy (the pins kept the pages meanwhile); before the unpin, so they
         # become evictable as the most recently used
-        self._after_read(self._by_name[held.tier], list(held.keys), [])
-        cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
+        try:
+            self._after_read(self._by_name[held.tier], list(held.keys), [])
+        finally:  # the handle is gone: its pins must go with it
+            cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
         if held.lease is not None:
             try:
                 with self._lock:
