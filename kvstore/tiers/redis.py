@@ -42,8 +42,9 @@ Guarantees
       recovery is automatic.
     * **Round trips** — a batch (a lookup of a whole prompt, a get or put of many pages) is one
       pipelined exchange per server involved: one round trip per server, servers in parallel.
-      A put of at least 8 pages is cut into up to ``write_lanes`` parts sent over as many
-      connections at once (:mod:`kvstore.tiers.redis_lanes`): still one round trip.
+      A put of at least 8 pages of at least 1 MiB is cut into up to ``write_lanes`` parts sent
+      over as many connections at once (:mod:`kvstore.tiers.redis_lanes`): still one round
+      trip.
     * **Concurrency** — thread-safe; each call takes its own pooled connection per server.
       Concurrent writers of one key write identical content (keys are content addresses), so
       last-writer-wins is harmless.
@@ -164,10 +165,16 @@ _BACKOFF_S = 0.01  # first retry delay; doubles per retry
 #: A call that moves pages may take timeout_s + its bytes at this rate before it gives up on a
 #: server that is slow but not stalled (a stalled one fails after timeout_s without progress).
 _SLOW_BYTES_PER_S = 50e6
-#: Connections a batch of puts is split over. Measured on the 2-core machine, 2 MiB and
-#: 256 KiB pages in batches of 16 and 64, MAC on: 2 lanes put 8-27 % faster than 1, 4 no
-#: faster than 2; on gets lanes were 5-15 % slower (so gets do not use them).
+#: Connections a batch of puts of large pages is split over. Measured on the 2-core machine,
+#: MAC on, against LMCache's client in the same rounds: 2 MiB pages put 0.75-0.83 of LMCache
+#: with 2 lanes, 0.67-0.71 with 1; 4 lanes no faster than 2. Gets were 5-15 % slower with
+#: lanes, so gets do not use them.
 DEFAULT_WRITE_LANES = 2
+#: Pages smaller than this are put over one lane whatever ``write_lanes`` says: each lane's
+#: thread takes the GIL a few times per page (hashing, send), and with 256 KiB pages that
+#: hand-off cost more than the overlap gained (same measurement: 0.61-0.71 of LMCache with
+#: 1 lane, 0.42-0.54 with 2).
+LANES_MIN_PAGE_BYTES = 1 << 20
 
 
 class RedisTier(Tier):
@@ -207,7 +214,8 @@ class RedisTier(Tier):
         ``mac``: the records' MAC, keyed by the deployment secret (None: the public key).
         ``mac_threads``: threads of the MAC pool that hashes a batch's pages in parallel (None:
         ``record.default_mac_threads()``, by the cores; 0: the calling thread hashes them).
-        ``write_lanes``: connections (per server) one batch of puts is split over, each part
+        ``write_lanes``: connections (per server) one batch of puts of pages of at least
+        ``LANES_MIN_PAGE_BYTES`` is split over (smaller pages use one), each part
         hashed and sent at once (:mod:`kvstore.tiers.redis_lanes`); 1: one exchange. Gets are
         one exchange: they already hash each page as it arrives, and lanes measured slower.
 
@@ -240,7 +248,10 @@ class RedisTier(Tier):
                 f"redis tier {name!r}: write_lanes must be in [1, 64], got {write_lanes!r}"
             )
         self.write_lanes = write_lanes
-        self._lanes = Lanes(name, write_lanes)
+        #: Lanes a batch of puts really uses: ``write_lanes`` for pages of at least
+        #: ``LANES_MIN_PAGE_BYTES``, else 1.
+        self.put_lanes = write_lanes if layout.page_bytes >= LANES_MIN_PAGE_BYTES else 1
+        self._lanes = Lanes(name, self.put_lanes)
         self._hb = header_bytes(layout)
         self._rec_len = self._hb + layout.page_bytes
         self._window = max(1, _WINDOW_BYTES // self._rec_len)

@@ -60,7 +60,8 @@ class RedisTierConfig(TierConfigBase):
         description="threads hashing a batch's record MACs; None: by the cores, 0: the caller",
     )
     write_lanes: int = Field(
-        2, ge=1, le=64, description="connections per server one batch of puts is split over"
+        2, ge=1, le=64,
+        description="connections per server one batch of puts of pages >= 1 MiB is split over",
     )
 
     @field_validator("url")

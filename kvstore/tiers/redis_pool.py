@@ -55,7 +55,12 @@ _NOT_RETRIED: tuple[type[BaseException], ...] = (TimeoutError, socket.timeout,
                                                  redis.exceptions.InvalidResponse,
                                                  redis.exceptions.ResponseError,
                                                  ProtocolError)
-_FLUSH_BYTES = 256 * 1024  # send what was built once this much is pending
+#: Send what was built once this much is pending. Measured on the 2-core machine (MAC on,
+#: 1 lane, against LMCache's client in the same rounds): 256 KiB pages put 0.61-0.71 of
+#: LMCache when sent 4 MiB at a time, 0.39-0.52 when sent one page at a time: each send wakes
+#: the server's thread, and fewer, larger sends cost both processes less per byte. 2 MiB pages
+#: put the same either way.
+_FLUSH_BYTES = 4 << 20
 
 log = logging.getLogger("kvstore.tiers.redis")
 

@@ -21,6 +21,7 @@ from kvstore.record import header_bytes
 from kvstore.store import TieredStore
 from kvstore.tiers.host import HostTier
 from kvstore.tiers.base import MissTally
+from kvstore.tiers import redis as redis_tier
 from kvstore.tiers.redis import RedisTier
 from tests.redis_servers import DelayProxy, RedisServer, free_port
 
@@ -107,8 +108,8 @@ def test_lookup_of_a_whole_prompt_is_one_round_trip(redis_server: RedisServer) -
         t0 = time.monotonic()
         assert all(t.write(ch.metas(80), list(pages[80:])))
         put_s = time.monotonic() - t0
-        assert t.write_lanes == 2
-        assert t.server_stats()[0].exchanges - before == 2 + t.write_lanes
+        assert (t.write_lanes, t.put_lanes) == (2, 1)  # 8 KiB pages go over one lane
+        assert t.server_stats()[0].exchanges - before == 2 + 1
         for took in (lookup_s, get_s, put_s):
             assert 0.15 <= took < 0.5, (lookup_s, get_s, put_s)
     finally:
@@ -520,14 +521,16 @@ def test_redis_py_baseline_blobs_are_not_records(redis_server: RedisServer) -> N
 
 @pytest.mark.parametrize("lanes", [1, 3])
 def test_a_put_split_over_lanes_stores_every_page_in_order(
-    redis_server: RedisServer, lanes: int
+    redis_server: RedisServer, lanes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch of puts cut into lanes stores each page under its own key (the parts are
     contiguous and joined in order), over as many connections as lanes."""
+    monkeypatch.setattr(redis_tier, "LANES_MIN_PAGE_BYTES", SMALL.page_bytes)
     ns, ch = chain(SMALL, 50)
     pages = pages_for(SMALL, 50, seed=lanes)
     t = tier(redis_server, write_lanes=lanes)
     try:
+        assert t.put_lanes == lanes
         before = t.server_stats()[0].exchanges
         assert t.write(ch.metas(), list(pages)) == [True] * 50
         assert t.server_stats()[0].exchanges - before == lanes
@@ -537,6 +540,29 @@ def test_a_put_split_over_lanes_stores_every_page_in_order(
         assert np.array_equal(outs, pages)
     finally:
         t.close()
+
+
+def test_pages_below_a_mib_are_put_over_one_lane_and_larger_ones_over_write_lanes(
+    redis_server: RedisServer,
+) -> None:
+    """Lanes pay only for large pages (redis.py, LANES_MIN_PAGE_BYTES): a batch of small pages
+    is one exchange whatever write_lanes says; a batch of 1 MiB pages is one per lane."""
+    mib = KVLayout(16, 8, 128, 16, "bfloat16")
+    assert SMALL.page_bytes < redis_tier.LANES_MIN_PAGE_BYTES == mib.page_bytes
+    for layout, lanes in ((SMALL, 1), (mib, 3)):
+        ns, ch = chain(layout, 12)
+        pages = pages_for(layout, 12, seed=7)
+        t = tier(redis_server, layout, write_lanes=3, key_prefix=f"lanes{lanes}")
+        try:
+            assert (t.write_lanes, t.put_lanes) == (3, lanes)
+            before = t.server_stats()[0].exchanges
+            assert t.write(ch.metas(), list(pages)) == [True] * 12
+            assert t.server_stats()[0].exchanges - before == lanes
+            outs = np.zeros_like(pages)
+            assert t.read(ns.id, ch.keys, list(outs)) == [True] * 12
+            assert np.array_equal(outs, pages)
+        finally:
+            t.close()
 
 
 def test_write_lanes_out_of_range_are_refused(redis_server: RedisServer) -> None:

@@ -81,7 +81,7 @@ def test_a_batch_is_one_exchange_per_shard(redis_cluster: RedisClusterProcs) -> 
     try:
         t.contains(ch.keys)  # pools exist for every shard
         for call, per_shard in (
-            (lambda: t.write(ch.metas(), list(pages)), t.write_lanes),  # lanes run at once
+            (lambda: t.write(ch.metas(), list(pages)), t.put_lanes),  # lanes run at once
             (lambda: t.count_leading(ch.keys), 1),
             (lambda: t.read(ns.id, ch.keys, list(np.empty_like(pages))), 1),
         ):
