@@ -10,8 +10,11 @@ Files in the tier's directory::
 The slot layout and the vectored I/O are in ``disk_slab.py``: a run of adjacent slots (at most
 ``max_io_bytes``) moves in one ``preadv``/``pwritev`` straight into (out of) the caller's
 buffers when they are 4096-aligned (else through a counted bounce buffer). Runs go to a pool of
-``io_threads`` workers; each worker hashes the run it writes and verifies the run it read, so
-checksums and MACs spread over the cores beside the other runs' I/O. Where the filesystem refuses
+``io_threads`` workers. Checksums and MACs are computed beside the other runs' I/O: on a
+machine with cores to spare each worker hashes the run it writes and verifies the run it read;
+on a small one (``hash_in_workers``) the calling thread hashes run after run, handing each to
+the workers, and verifies the runs in order as they arrive -- there, worker threads that each
+take the GIL a few times per page cost more than they overlap. Where the filesystem refuses
 O_DIRECT (``o_direct="auto"``) the tier logs a warning and uses buffered I/O, same layout.
 
 Guarantees:
@@ -89,7 +92,7 @@ from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.record import RecordMac
+from kvstore.record import RecordMac, default_mac_threads
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
 from kvstore.tiers.disk_index import DiskIndex, IndexEntry, IndexReplaced
@@ -102,8 +105,8 @@ from kvstore.tiers.disk_sync import GroupCommitter
 log = logging.getLogger("kvstore.tiers.disk")
 
 #: Bytes per preadv/pwritev (one slot where a slot is bigger). Small enough that a batch's
-#: runs spread over the workers and each run's hashing overlaps the others' I/O (a worker
-#: verifies its run only once all of it has arrived). Measured on the 2-core machine, MAC on,
+#: runs spread over the workers and each run's hashing overlaps the others' I/O (a run is
+#: verified only once all of it has arrived). Measured on the 2-core machine, MAC on,
 #: 256 MiB read back in batches, median, load 1.8-5.5, raw O_DIRECT ~3.0-3.1 GB/s: gets of
 #: 256 KiB pages x 64, 1.59-1.60 GB/s at 8 MiB against 1.87-2.00 at 1 MiB (1.63-1.70 at 2 MiB);
 #: 2 MiB pages x 16, 1.77-1.82 at 8 MiB against 2.08-2.39 at one page. Puts: 0.56-0.57 of raw
@@ -141,6 +144,7 @@ class DiskTier(Tier):
         check_index: bool = True,
         max_io_bytes: int = DEFAULT_MAX_IO_BYTES,
         mac: RecordMac | None = None,
+        hash_in_workers: bool | None = None,
     ) -> None:
         """``path``: the tier's own directory (created if missing). ``io_threads``: parallel
         I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
@@ -152,7 +156,11 @@ class DiskTier(Tier):
         ``allow_network_fs``: run on NFS/CIFS/... anyway. ``check_index``: walk the index in a
         child process before opening it. ``max_io_bytes``: the most bytes one preadv/pwritev
         moves (one slot where a slot is bigger). ``mac``: the records' MAC, keyed by the
-        deployment secret (None: the public key)."""
+        deployment secret (None: the public key). ``hash_in_workers``: who hashes a put's
+        records and verifies a get's: the I/O workers, each the run it moves (True), or the
+        calling thread, run after run while the workers move the others (False); None: the
+        workers where the machine has cores to spare for it (``record.default_mac_threads``),
+        else the caller."""
         super().__init__(name, layout, capacity_pages, metrics)
         what = f"disk tier {name!r}:"
         if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
@@ -174,6 +182,12 @@ class DiskTier(Tier):
         self.sync_interval_ms = sync_interval_ms
         self._committer: GroupCommitter | None = None
         self._max_io_bytes = max_io_bytes
+        if hash_in_workers not in (None, True, False):
+            raise InvalidArgument(f"{what} hash_in_workers must be true, false or None: "
+                                  f"{hash_in_workers!r}")
+        #: Whether the I/O workers hash and verify the runs they move (else the caller does).
+        self.hash_in_workers = (default_mac_threads() > 0 if hash_in_workers is None
+                                else hash_in_workers)
         self._mac = mac if mac is not None else RecordMac(None)
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
@@ -465,10 +479,13 @@ class DiskTier(Tier):
         jobs: list[tuple[list[int], Future[list[int]]]] = []
         try:
             for run in slab.runs(todo, slots):
-                # Each worker hashes the run it writes (checksums and MAC): the hashing of a
-                # batch spreads over the workers and the cores, beside the other runs' I/O.
                 items = [(metas[i], pages[i]) for i in run]
-                jobs.append((run, self._submit(slab.encode_and_write, slots[run[0]], items)))
+                if self.hash_in_workers:  # the hashing of a batch spreads over the cores
+                    job = self._submit(slab.encode_and_write, slots[run[0]], items)
+                else:  # the caller hashes the next run while the workers write this one
+                    hdr, sums = slab.encode_run(items)
+                    job = self._submit(slab.write_encoded, slots[run[0]], hdr, pages, run, sums)
+                jobs.append((run, job))
         finally:
             # No slot may be released while a write into it is still queued.
             wait([job for _, job in jobs])
@@ -532,30 +549,34 @@ class DiskTier(Tier):
                 plan.append((i, entry))
         bad: list[tuple[bytes, int, str]] = []
         failure: str | None = None
-        jobs: list[tuple[list[int], Future[list[str | None]]]] = []
+        jobs: list[tuple[list[int], list[tuple[bytes, int, np.ndarray]], Future[Any]]] = []
         try:
             plan.sort(key=lambda p: p[1].slot)
             slot_of = {i: e.slot for i, e in plan}
             by_index = dict(plan)
             for run in slab.runs([i for i, _ in plan], slot_of):
-                # Each worker verifies the run it read (checksum and MAC, while the pages are
-                # fresh), so hashing spreads over the workers instead of one calling thread.
                 items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
-                job = self._submit(slab.read_verified, slot_of[run[0]], namespace_id, items)
-                jobs.append((run, job))
-            for run, job in jobs:
+                if self.hash_in_workers:  # each verifies the run it read, while it is fresh
+                    job = self._submit(slab.read_verified, slot_of[run[0]], namespace_id, items)
+                else:  # the caller verifies run after run as they arrive
+                    job = self._submit(slab.read_run, slot_of[run[0]], [o for _, _, o in items])
+                jobs.append((run, items, job))
+            for run, items, job in jobs:
                 try:
                     results = job.result()
                 except OSError as exc:
                     failure = disk_io.describe(exc)
                     continue
+                if not self.hash_in_workers:
+                    hdr, got = results
+                    results = slab.verify_run(hdr, got, namespace_id, items)
                 for i, reason in zip(run, results):
                     if reason is None:
                         found[i] = True
                     else:
                         bad.append((keys[i], by_index[i].slot, reason))
         finally:
-            wait([job for _, job in jobs])  # no slot is unpinned while it is being read
+            wait([job for _, _, job in jobs])  # no slot is unpinned while it is being read
             with self._lock:
                 for _, entry in plan:
                     self._unpin(entry.slot)

@@ -36,6 +36,11 @@ class DiskTierConfig(TierConfigBase):
     max_io_bytes: Size = Field(
         ByteSize(1 << 20), ge=4096, description="bytes per syscall (one slot where bigger)"
     )
+    hash_in_workers: bool | None = Field(
+        None,
+        description="who hashes puts and verifies gets: the I/O workers (true) or the calling "
+        "thread (false); unset: the workers from 4 cores up",
+    )
 
     def tier_kwargs(self) -> dict[str, Any]:
         return {
@@ -48,4 +53,5 @@ class DiskTierConfig(TierConfigBase):
             "allow_network_fs": self.allow_network_fs,
             "check_index": self.check_index,
             "max_io_bytes": int(self.max_io_bytes),
+            "hash_in_workers": self.hash_in_workers,
         }

@@ -40,7 +40,20 @@ def _disk(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: 
     return DiskTier("disk", layout, capacity, metrics, path=tmp / "disk")
 
 
-TIER_FACTORIES: dict[str, Factory] = {"hbm": _hbm, "host": _host, "disk": _disk, "redis": _redis}
+def _disk_workers(
+    layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: Metrics
+) -> Tier:
+    """The disk tier as machines with cores to spare run it: the I/O workers hash and verify
+    (the plain ``disk`` factory gets whichever way this machine's cores choose)."""
+    from kvstore.tiers.disk import DiskTier
+
+    tmp = req.getfixturevalue("tmp_path")
+    return DiskTier("disk", layout, capacity, metrics, path=tmp / "disk", hash_in_workers=True)
+
+
+TIER_FACTORIES: dict[str, Factory] = {
+    "hbm": _hbm, "host": _host, "disk": _disk, "disk-workers": _disk_workers, "redis": _redis,
+}
 
 
 @pytest.fixture(params=sorted(TIER_FACTORIES))

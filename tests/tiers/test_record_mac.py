@@ -293,16 +293,20 @@ def test_redis_records_from_the_pool_read_without_it_and_back(redis_server: Redi
             reader.close()
 
 
-def test_disk_parallel_verification_catches_a_forged_page_mid_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("in_workers", [True, False])
+def test_disk_verification_catches_a_forged_page_mid_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_workers: bool
 ) -> None:
+    """Whether the workers verify the runs they read (in parallel) or the calling thread
+    verifies them as they arrive, the forged page in the middle of a batch is the one miss."""
     ns, ch = batch_chain()
     genuine, evil = pages(BATCH, 0), pages(1, 1)[0]
     path = tmp_path / "disk"
 
-    def tier() -> DiskTier:  # one record per preadv: each run verified on its own worker
+    def tier() -> DiskTier:  # one record per preadv: each run verified on its own
         return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
-                        io_threads=4, max_io_bytes=disk_io.ALIGN, mac=RecordMac(SECRET_A))
+                        io_threads=4, max_io_bytes=disk_io.ALIGN, mac=RecordMac(SECRET_A),
+                        hash_in_workers=in_workers)
 
     t = tier()
     assert t.write(ch.metas(), list(genuine)) == [True] * BATCH
@@ -315,7 +319,10 @@ def test_disk_parallel_verification_catches_a_forged_page_mid_batch(
         threads = spy_threads(monkeypatch, disk_slab)
         outs = pages(BATCH, 2)
         assert t.read(ns.id, ch.keys, list(outs)) == [i != MIDDLE for i in range(BATCH)]
-        assert len(threads) > 1 and all(n.startswith("kvstore-disk") for n in threads)
+        if in_workers:
+            assert len(threads) > 1 and all(n.startswith("kvstore-disk") for n in threads)
+        else:
+            assert threads == {threading.current_thread().name}
         assert corrupt(t) == {"mac": 1}
         for i in range(BATCH):
             if i != MIDDLE:
