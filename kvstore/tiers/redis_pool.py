@@ -55,12 +55,12 @@ _NOT_RETRIED: tuple[type[BaseException], ...] = (TimeoutError, socket.timeout,
                                                  redis.exceptions.InvalidResponse,
                                                  redis.exceptions.ResponseError,
                                                  ProtocolError)
-#: Send what was built once this much is pending. Measured on the 2-core machine (MAC on,
-#: 1 lane, against LMCache's client in the same rounds): 256 KiB pages put 0.61-0.71 of
-#: LMCache when sent 4 MiB at a time, 0.39-0.52 when sent one page at a time: each send wakes
-#: the server's thread, and fewer, larger sends cost both processes less per byte. 2 MiB pages
-#: put the same either way.
-_FLUSH_BYTES = 4 << 20
+#: Send what was built once this much is pending (an exchange may ask for less: ``flush``).
+#: Measured on the 2-core machine (MAC on, 1 lane, against LMCache's client in the same
+#: rounds): 256 KiB pages put 0.61-0.71 of LMCache when sent 4 MiB at a time, 0.39-0.52 when
+#: sent one page at a time: each send wakes the server's thread, and fewer, larger sends cost
+#: both processes less per byte.
+FLUSH_BYTES = 4 << 20
 
 log = logging.getLogger("kvstore.tiers.redis")
 
@@ -186,11 +186,13 @@ class Exchange:
     ``build(item)`` returns the buffers of item's command; ``handle(io, item)`` consumes exactly
     one reply and returns True when the item must be re-routed (a cluster MOVED/ASK answer).
     ``window``: most commands in flight per server (None: send everything at once).
+    ``flush``: send once this many bytes are built (at most ``FLUSH_BYTES``).
     """
 
     build: Callable[[int], Sequence[Any]]
     handle: Callable[[RespIO, int], bool]
     window: int | None = None
+    flush: int = FLUSH_BYTES
 
 
 @dataclass(slots=True)
@@ -343,11 +345,14 @@ def _pump(flow: _Flow, ex: Exchange) -> None:
             parts.append(p)
             pending += len(p) if isinstance(p, bytes) else memoryview(p).nbytes
         flow.sent += 1
-        if pending >= _FLUSH_BYTES:
+        if pending >= ex.flush:
             io.send(parts)
             parts, pending = [], 0
     if parts:
         io.send(parts)
 
 
-__all__ = ["NET_ERRORS", "Exchange", "Link", "Outcome", "ServerPool", "ServerStats", "run_exchange"]
+__all__ = [
+    "FLUSH_BYTES", "NET_ERRORS", "Exchange", "Link", "Outcome", "ServerPool", "ServerStats",
+    "run_exchange",
+]
