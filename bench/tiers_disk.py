@@ -11,8 +11,10 @@ blocks, bf16) and of 256 KiB (the same with 4 layers) — in batches of 16 and o
   4096-aligned buffers, default options: ``durability="group"`` (a put returns once its record
   and index entry are written; a background group commit flushes both within 100 ms; the
   pass's last batch includes a ``sync()``, as the raw writes' last batch includes their
-  ``fdatasync``); every read verifies header and payload checksums and the record MAC (keyed
-  BLAKE3 under a deployment secret).
+  ``fdatasync``); every put computes and every read verifies the header checksum and the record
+  MAC (AES-256-GMAC under a deployment secret), a put the payload checksum too. Below 4 cores
+  the calling thread does that hashing, run after run, while the I/O workers move the others
+  (``hash_in_workers``).
 * **kvstore, MAC off** (2 MiB pages, batches of 16 only) — the same tier with the MAC
   switched off (``bench.mac.NoMac``): its line "MAC on vs off" gives the MAC's cost.
 * **LMCache** (``bench.lmcache_peer``) — LMCache's C++ fs client with O_DIRECT and as many

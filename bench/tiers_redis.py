@@ -6,8 +6,9 @@ What is measured, in one run, on one server, with pages of 2 MiB (Llama-3-8B lay
 batches of 16 and of 64 pages:
 
 * ``kvstore`` — ``RedisTier.write`` / ``RedisTier.read`` (records with verified headers, checksums
-  and the record MAC — keyed BLAKE3 under a deployment secret — computed on put and checked on
-  get, pages read into the caller's buffers);
+  and the record MAC — AES-256-GMAC under a deployment secret — computed on put and checked on
+  get, pages read into the caller's buffers; pages under 1 MiB put over one connection in sends
+  of 4 MiB, larger ones over ``write_lanes`` connections, page by page);
 * ``kvstore, MAC off`` (2 MiB x 16 only) — the same tier with the MAC switched off
   (``bench.mac.NoMac``), under its own key prefix; the line "MAC on vs off" gives its cost;
 * ``kvstore, MAC on the calling thread`` (2 MiB x 16, only where the tier hashes on its MAC
