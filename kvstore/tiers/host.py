@@ -37,7 +37,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.ops import copy_spans
+from kvstore.ops import copy_choice, copy_spans
 from kvstore.tiers.base import Tier
 from kvstore.tiers.slab import SlabSlots
 from kvstore.tiers.slots import SlotReads
@@ -80,6 +80,7 @@ class HostTier(SlotReads, SlabSlots, Tier):
         self._readers: Counter[int] = Counter()
         self._zombies: set[int] = set()  # unlinked slots still being read
         self._free = list(range(capacity_pages - 1, -1, -1))
+        copy_choice()  # measured now, once per process, rather than in the first put's time
 
     # ----------------------------------------------------------------- SlabSlots
 

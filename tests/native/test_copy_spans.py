@@ -83,3 +83,17 @@ def test_a_bad_native_switch_is_an_error_for_library_users_too(monkeypatch) -> N
     monkeypatch.setenv("KVSTORE_NATIVE", "banana")
     with pytest.raises(ConfigError, match="KVSTORE_NATIVE='banana': must be auto, 0 or 1"):
         native_mode()
+
+
+def test_the_choice_copies_more_than_the_caches_hold() -> None:
+    """The choice measures cold copies, as the tier's pages are: a working set that fits in
+    the last-level cache favours np.copyto, which leaves it there (kvstore/ops.py)."""
+    import glob
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        text = open(path).read().strip().upper()
+        sizes.append(int(text.rstrip("KM")) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1))
+    cold = ops._cold_bytes()
+    assert 32 << 20 <= cold <= 256 << 20
+    assert cold >= min(256 << 20, 2 * max(sizes, default=0))
