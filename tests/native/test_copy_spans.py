@@ -97,3 +97,13 @@ def test_the_choice_copies_more_than_the_caches_hold() -> None:
     cold = ops._cold_bytes()
     assert 32 << 20 <= cold <= 256 << 20
     assert cold >= min(256 << 20, 2 * max(sizes, default=0))
+
+
+@pytest.mark.parametrize(("native_s", "numpy_s", "want"), [
+    (1.00, 0.90, "numpy"),  # clearly faster
+    (1.00, 0.97, "native"),  # within the margin: the streaming stores keep the cache
+    (1.00, 1.20, "native"),
+])
+def test_numpy_is_chosen_only_when_clearly_faster(native_s: float, numpy_s: float,
+                                                  want: str) -> None:
+    assert ops._pick(native_s, numpy_s) == want
