@@ -84,8 +84,9 @@ def copy_choice() -> dict[str, str]:
     tier's slab) and back, twice the last-level cache's bytes per round (the tier's pages are
     not in cache; a working set that fits favours ``np.copyto``, which leaves it there); the
     median of 3 interleaved rounds decides, numpy only when at least 5 % faster (0.2-0.4 s,
-    once per process: the host tier asks when it is built). ``KVSTORE_NATIVE=0`` or ``1`` forces the choice (1: the native op,
-    failing loudly where it does not build); with no native op it is numpy."""
+    once per process: the host tier asks when it is built). ``KVSTORE_NATIVE=0`` or ``1``
+    forces the choice (1: the native op, failing loudly where it does not build); with no
+    native op it is numpy."""
     global _choice
     with _choice_lock:
         if _choice is None:
@@ -104,12 +105,12 @@ def copy_choice() -> dict[str, str]:
         return _choice
 
 
-#: Bytes each round of :func:`copy_choice` copies per direction, at least: twice the
-#: last-level cache where Linux says how big it is (``_cold_bytes``).
+#: Bytes each round of :func:`copy_choice` copies per direction: twice the last-level cache
+#: where Linux says how big it is (``_cold_bytes``), within these bounds.
 _MIN_COLD_BYTES = 32 << 20
+_MAX_COLD_BYTES = 256 << 20
 #: How much faster (a fraction) np.copyto must copy to be chosen over the native op.
 _NUMPY_MARGIN = 0.05
-_MAX_COLD_BYTES = 256 << 20
 
 
 def _cold_bytes() -> int:
@@ -118,12 +119,12 @@ def _cold_bytes() -> int:
     ms against numpy's 13.0-16.2, 2 MiB spans in 5.5-5.6 against 7.8-8.2; with the 2 MiB and
     16 MiB working sets used before, numpy won the small spans 2-3 fold and, best of 5, the
     large ones one time in six."""
-    import glob
+    from pathlib import Path
 
     largest = 0
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
-            text = open(path).read().strip().upper()  # e.g. "32768K"
+            text = path.read_text().strip().upper()  # e.g. "32768K"
             unit = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
             largest = max(largest, int(text.rstrip("KM")) * unit)
         except (OSError, ValueError):
