@@ -81,7 +81,7 @@ def copy_choice() -> dict[str, str]:
     the CPU (streaming stores vs glibc's memcpy), on whether the destination is backed by
     transparent huge pages, and on the cache size, so neither is assumed. Both copy spans of
     each class, from ordinary memory into a huge-page-advised anonymous mapping (the host
-    tier's slab) and back, twice the last-level cache's bytes per round (the tier's pages are
+    tier's slab) and back, twice the largest cache's bytes per round (the tier's pages are
     not in cache; a working set that fits favours ``np.copyto``, which leaves it there); the
     median of 3 interleaved rounds decides, numpy only when at least 5 % faster (0.2-0.4 s,
     once per process: the host tier asks when it is built). ``KVSTORE_NATIVE=0`` or ``1``
@@ -99,8 +99,16 @@ def copy_choice() -> dict[str, str]:
             elif mode == "1":
                 _choice = {"small": "native", "large": "native"}
             else:
+                from kvstore.buffers import hugepage_buffer
+
+                # one pair of buffers for both classes: the probe's memory is 2 x _cold_bytes()
+                cold = _cold_bytes()
+                plain = np.full(cold, 7, dtype=np.uint8)
+                huge = hugepage_buffer(cold)
+                huge[:] = 0  # fault it in
                 _choice = {
-                    "small": _faster(fn, LARGE_SPAN // 4), "large": _faster(fn, 2 * LARGE_SPAN)
+                    "small": _faster(fn, plain, huge, LARGE_SPAN // 4),
+                    "large": _faster(fn, plain, huge, 2 * LARGE_SPAN),
                 }
         return _choice
 
@@ -108,13 +116,13 @@ def copy_choice() -> dict[str, str]:
 #: Bytes each round of :func:`copy_choice` copies per direction: twice the last-level cache
 #: where Linux says how big it is (``_cold_bytes``), within these bounds.
 _MIN_COLD_BYTES = 32 << 20
-_MAX_COLD_BYTES = 256 << 20
+_MAX_COLD_BYTES = 128 << 20
 #: How much faster (a fraction) np.copyto must copy to be chosen over the native op.
 _NUMPY_MARGIN = 0.05
 
 
 def _cold_bytes() -> int:
-    """A working set twice the largest CPU cache (within [32 MiB, 256 MiB]). Measured on the
+    """A working set twice the largest CPU cache (within [32 MiB, 128 MiB]). Measured on the
     2-core machine (32 MiB L3), 48 MiB a round: the native op copied 256 KiB spans in 7.4-12.2
     ms against numpy's 13.0-16.2, 2 MiB spans in 5.5-5.6 against 7.8-8.2; with the 2 MiB and
     16 MiB working sets used before, numpy won the small spans 2-3 fold and, best of 5, the
@@ -132,16 +140,15 @@ def _cold_bytes() -> int:
     return min(_MAX_COLD_BYTES, max(_MIN_COLD_BYTES, 2 * largest))
 
 
-def _faster(fn: Callable[..., None], span_bytes: int, rounds: int = 3) -> str:
+def _faster(
+    fn: Callable[..., None], plain: np.ndarray, huge: np.ndarray, span_bytes: int, rounds: int = 3
+) -> str:
+    """Which copies ``span_bytes`` spans faster from ``plain`` into ``huge`` (a huge-page
+    mapping of the same size) and back."""
     import statistics
     import time
 
-    from kvstore.buffers import hugepage_buffer
-
-    count = max(8, _cold_bytes() // span_bytes)
-    plain = np.full(count * span_bytes, 7, dtype=np.uint8)
-    huge = hugepage_buffer(count * span_bytes)
-    huge[:] = 0  # fault it in
+    count = plain.nbytes // span_bytes
     ins = [(huge[i * span_bytes : (i + 1) * span_bytes], plain[i * span_bytes : (i + 1) * span_bytes])
            for i in range(count)]
     outs = [(s, d) for d, s in ins]

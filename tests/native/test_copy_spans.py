@@ -95,8 +95,8 @@ def test_the_choice_copies_more_than_the_caches_hold() -> None:
         text = open(path).read().strip().upper()
         sizes.append(int(text.rstrip("KM")) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1))
     cold = ops._cold_bytes()
-    assert 32 << 20 <= cold <= 256 << 20
-    assert cold >= min(256 << 20, 2 * max(sizes, default=0))
+    assert 32 << 20 <= cold <= 128 << 20
+    assert cold >= min(128 << 20, 2 * max(sizes, default=0))
 
 
 @pytest.mark.parametrize(("native_s", "numpy_s", "want"), [
