@@ -149,10 +149,10 @@ class Slab:
     # over the cores while other runs are on the disk. Elsewhere the tier's calling thread
     # hashes (``encode_run`` then a worker's ``write_encoded``) and verifies (a worker's
     # ``read_run`` then ``verify_run``) run after run: measured on the 2-core machine against
-    # raw O_DIRECT in the same rounds, puts 0.41-0.42 (256 KiB pages) and 0.66-0.69 (2 MiB)
-    # against 0.33-0.34 and 0.60-0.61 with the workers hashing, gets 0.68-0.84 against
-    # 0.60-0.82: each worker takes the GIL a few times per page, and on 2 cores those
-    # hand-offs cost more than the overlap they buy.
+    # raw O_DIRECT in the same rounds (seven paired A/B runs, 256 KiB and 2 MiB pages), puts
+    # 0.41-0.74 against 0.33-0.73 with the workers hashing, gets 0.68-1.08 against 0.60-0.89,
+    # the caller ahead in every run: each worker takes the GIL a few times per page, and on 2
+    # cores those hand-offs cost more than the overlap they buy.
 
     def encode_and_write(
         self, first_slot: int, items: Sequence[tuple[BlockMeta, np.ndarray]]
