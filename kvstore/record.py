@@ -377,7 +377,11 @@ def decode_record(
 #: 0.77-0.87 vs 0.79-0.85, gets 0.77-0.95 vs 0.70-0.83 — no gain there worth a thread hop,
 #: since the calling thread and a local redis-server already keep both cores busy. From 4 cores
 #: there are cores to spare for hashing; ``python -m bench.tiers --tier redis`` measures the
-#: pool against the calling thread on a given host (its "calling thread" lines).
+#: pool against the calling thread on a given host (its "calling thread" lines). (GMAC itself
+#: does not scale over that machine's two vCPUs: one thread hashed 256 KiB pages in cache at
+#: 10.3-11.9 GB/s, two at 8.0-10.6 in all, while xxh3 went from 53-59 to 77-90: they behave
+#: like one core's two hyperthreads sharing its AES units. The disk tier's ``hash_in_workers``
+#: follows this threshold too.)
 PARALLEL_MIN_CORES = 4
 #: Most threads of the MAC pool by default (half the usable cores up to this).
 MAX_MAC_THREADS = 8
