@@ -95,6 +95,18 @@ def median_time(fn: Callable[[], object], device: Any, runs: int) -> float:
     return statistics.median(times)
 
 
+def bench_model_config(name: str, *, gpu: bool, positions: int) -> Any:
+    """The model config a runtime bench runs: ``name`` (fp32 on the CPU, where the HF parity
+    checks are exact enough), with room for at least ``positions`` positions."""
+    from runtime import get_model_config  # noqa: PLC0415 - torch: only the runtime benches
+
+    cfg = get_model_config(name)
+    if not gpu:
+        cfg = cfg.with_dtype("float32")
+    return dataclasses.replace(
+        cfg, max_position_embeddings=max(cfg.max_position_embeddings, positions))
+
+
 def add_standard_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--quick``, ``--json`` and ``--record``, as every bench takes them."""
     parser.add_argument("--quick", action="store_true", help="small run (< 1 min on 2 cores)")

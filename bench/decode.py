@@ -29,7 +29,6 @@ device-to-device copy bandwidth measured in the same run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -37,6 +36,7 @@ import torch
 from bench.common import (
     Measurement,
     add_standard_args,
+    bench_model_config,
     command_line,
     emit_json,
     measurement,
@@ -47,7 +47,7 @@ from bench.common import (
 from bench.ttft import hf_and_ours
 from kvstore import Metrics, Namespace
 from kvstore.tiers.hbm import HBMTier
-from runtime import LlamaForPagedLM, get_model_config
+from runtime import LlamaForPagedLM
 from runtime.config import ModelConfig
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
@@ -141,11 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     contexts = (1024, 8192) if gpu else (256, 1024)
     batches = (1, 8, 32) if gpu else (1, 8)
     new, runs = (64, 3) if gpu else (48, 3)
-    cfg = get_model_config(name)
-    if not gpu:
-        cfg = cfg.with_dtype("float32")
-    cfg = dataclasses.replace(cfg, max_position_embeddings=max(
-        cfg.max_position_embeddings, max(contexts) + new + 1))
+    cfg = bench_model_config(name, gpu=gpu, positions=max(contexts) + new + 1)
 
     hf, ours = hf_and_ours(cfg, device, args.backend)
     hf.generation_config.eos_token_id = None  # every request runs to its length, as ours do

@@ -56,7 +56,6 @@ prefill vs HF, then the engine targets (met / MISSED).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 
 import torch
@@ -66,6 +65,7 @@ from bench import ttft_engine
 from bench.common import (
     Measurement,
     add_standard_args,
+    bench_model_config,
     command_line,
     emit_json,
     measurement,
@@ -78,7 +78,6 @@ from runtime import (
     SeqInput,
     allocate_kv_pool,
     build_batch,
-    get_model_config,
 )
 from runtime.config import ModelConfig
 from runtime.hf import to_hf_config
@@ -155,13 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     lengths = [1024, 4096, 16384, 32768] if gpu else [256, 1024]
     runs = 5 if gpu else 3
     plan = ttft_engine.Plan.for_device(gpu)
-    cfg = get_model_config(name)
-    if not gpu:
-        cfg = cfg.with_dtype("float32")
-    cfg = dataclasses.replace(
-        cfg, max_position_embeddings=max(cfg.max_position_embeddings, max(lengths),
-                                         max(plan.lengths) + 16)
-    )
+    cfg = bench_model_config(name, gpu=gpu, positions=max(max(lengths), max(plan.lengths) + 16))
 
     hf, ours = hf_and_ours(cfg, device, args.backend)
 

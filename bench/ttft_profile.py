@@ -38,7 +38,7 @@ import torch
 from bench import ttft_engine as te
 from bench.ttft import hf_and_ours
 from kvstore.keys import Namespace
-from runtime import get_model_config
+from bench.common import bench_model_config
 
 
 def _trace_summary(path: Path) -> str:
@@ -193,16 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
-    name = "llama3-8b" if gpu else "small"
-    cfg = get_model_config(name)
-    if not gpu:
-        cfg = cfg.with_dtype("float32")
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else ([4096, 16384] if gpu else [256, 1024]))
-    import dataclasses
-
-    cfg = dataclasses.replace(cfg, max_position_embeddings=max(cfg.max_position_embeddings,
-                                                               max(lengths) + 16))
+    cfg = bench_model_config("llama3-8b" if gpu else "small", gpu=gpu,
+                             positions=max(lengths) + 16)
     hf, model = hf_and_ours(cfg, device, "sdpa")
     del hf
     te._free_memory(device)

@@ -22,7 +22,6 @@ the no-reuse and hit cases apart by totals)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import statistics
 import time
@@ -34,7 +33,8 @@ import torch
 
 from bench import ttft_engine as te
 from kvstore.keys import Namespace
-from runtime import LlamaForPagedLM, get_model_config
+from bench.common import bench_model_config
+from runtime import LlamaForPagedLM
 
 
 class _Stamps:
@@ -186,13 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
-    cfg = get_model_config("llama3-8b" if gpu else "tiny")
-    if not gpu:
-        cfg = cfg.with_dtype("float32")
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else ([4096, 32768] if gpu else [1024, 4096]))
-    cfg = dataclasses.replace(cfg, max_position_embeddings=max(cfg.max_position_embeddings,
-                                                               max(lengths) + 16))
+    cfg = bench_model_config("llama3-8b" if gpu else "tiny", gpu=gpu, positions=max(lengths) + 16)
     model = LlamaForPagedLM.from_random(cfg, 0, device=device)
     for n in lengths:
         run(n, model, device, args.runs)
