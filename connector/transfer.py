@@ -360,7 +360,8 @@ class CudaTransfer(LayerTransfer):
             return
         assert self._pages is not None
         self.begin_save_layer(self._L - 1)  # after the last layer's writes
-        runs = _runs(buf.block_ids, buf.slots)
+        runs = index_runs(np.asarray(buf.block_ids, np.int64), np.asarray(buf.slots, np.int64))
+        assert runs is not None  # no limit
         pages, slab = self._pages, self._slab
         if len(runs) <= _DMA_RUNS or len(buf.block_ids) * self._page_bytes >= len(runs) * _DMA_RUN_BYTES:
             # the copy engine, one contiguous DMA per run: the prefill it overlaps keeps every SM
@@ -395,31 +396,16 @@ _DMA_RUNS = 64
 _DMA_RUN_BYTES = 1 << 20
 
 
-def _runs(block_ids: Sequence[int], slots: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(first block, first slot, length) of each run where both advance by one."""
-    runs: list[tuple[int, int, int]] = []
-    b0 = s0 = n = -1
-    for b, s in zip(block_ids, slots):
-        if n > 0 and b == b0 + n and s == s0 + n:
-            n += 1
-            continue
-        if n > 0:
-            runs.append((b0, s0, n))
-        b0, s0, n = b, s, 1
-    if n > 0:
-        runs.append((b0, s0, n))
-    return runs
-
-
-def index_runs(first: np.ndarray, second: np.ndarray, limit: int
+def index_runs(first: np.ndarray, second: np.ndarray, limit: int | None = None
                ) -> list[tuple[int, int, int]] | None:
-    """:func:`_runs` of two equal-length int64 arrays, computed in numpy; None when there are
-    more than ``limit`` runs."""
+    """(first, second, length) of each maximal run of pairs of two equal-length int64 arrays
+    (block ids and slots) where both advance by one, in order, computed in numpy; None when
+    there are more than ``limit`` runs."""
     n = len(first)
     if n == 0:
         return []
     breaks = np.flatnonzero((np.diff(first) != 1) | (np.diff(second) != 1)) + 1
-    if len(breaks) >= limit:
+    if limit is not None and len(breaks) >= limit:
         return None
     starts = np.concatenate(([0], breaks))
     counts = np.diff(np.append(starts, n))

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connector.base import KVCacheSpec
-from connector.transfer import _runs, _whole_pages, index_runs
+from connector.transfer import _whole_pages, index_runs
 from kvstore import KVLayout
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="bfloat16")
@@ -17,10 +17,16 @@ LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtyp
 pairs = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=60)
 
 
+def runs_of(ps: list[tuple[int, int]], limit: int | None = None
+            ) -> list[tuple[int, int, int]] | None:
+    return index_runs(np.array([b for b, _ in ps], np.int64),
+                      np.array([s for _, s in ps], np.int64), limit)
+
+
 @given(pairs)
 def test_runs_cover_the_pairs_in_order(ps: list[tuple[int, int]]) -> None:
-    blocks, slots = [b for b, _ in ps], [s for _, s in ps]
-    runs = _runs(blocks, slots)
+    runs = runs_of(ps)
+    assert runs is not None
     assert [(b + i, s + i) for b, s, n in runs for i in range(n)] == ps
     for (b, s, n), (b2, s2, _) in zip(runs, runs[1:]):  # maximal: no run continues the last
         assert n >= 1 and not (b2 == b + n and s2 == s + n)
@@ -28,12 +34,10 @@ def test_runs_cover_the_pairs_in_order(ps: list[tuple[int, int]]) -> None:
 
 @given(pairs, st.integers(0, 8))
 def test_index_runs_are_the_runs_up_to_a_limit(ps: list[tuple[int, int]], limit: int) -> None:
-    """A load by DMA is planned from the index arrays in numpy: the same runs, or None (the
-    scatter kernel) beyond ``limit`` of them."""
-    blocks, slots = [b for b, _ in ps], [s for _, s in ps]
-    want = _runs(blocks, slots)
-    got = index_runs(np.array(blocks, np.int64), np.array(slots, np.int64), limit)
-    assert got == (want if len(want) <= limit else None)
+    """A load by DMA takes the runs, or None (the scatter kernel) beyond ``limit`` of them."""
+    want = runs_of(ps)
+    assert want is not None
+    assert runs_of(ps, limit) == (want if len(want) <= limit else None)
 
 
 def test_whole_pages_of_a_page_first_cache() -> None:
