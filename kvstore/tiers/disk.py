@@ -95,6 +95,7 @@ from kvstore.metrics import Metrics
 from kvstore.record import RecordMac, default_mac_threads
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
+from kvstore.tiers.disk_config import DEFAULT_MAX_IO_BYTES
 from kvstore.tiers.disk_index import DiskIndex, IndexEntry, IndexReplaced
 from kvstore.tiers.disk_io import ALIGN, aligned_empty
 from kvstore.tiers.disk_lock import lock_directory
@@ -104,14 +105,6 @@ from kvstore.tiers.disk_sync import GroupCommitter
 
 log = logging.getLogger("kvstore.tiers.disk")
 
-#: Bytes per preadv/pwritev (one slot where a slot is bigger). Small enough that a batch's
-#: runs spread over the workers and each run's hashing overlaps the others' I/O (a run is
-#: verified only once all of it has arrived). Measured on the 2-core machine, MAC on,
-#: 256 MiB read back in batches, median, load 1.8-5.5, raw O_DIRECT ~3.0-3.1 GB/s: gets of
-#: 256 KiB pages x 64, 1.59-1.60 GB/s at 8 MiB against 1.87-2.00 at 1 MiB (1.63-1.70 at 2 MiB);
-#: 2 MiB pages x 16, 1.77-1.82 at 8 MiB against 2.08-2.39 at one page. Puts: 0.56-0.57 of raw
-#: against 0.54-0.65 (256 KiB x 64), 0.76-0.77 against 0.80-0.83 (2 MiB x 16).
-DEFAULT_MAX_IO_BYTES = 1 << 20
 #: The group commit's bound. Measured on the 2-core machine (MAC off, puts interleaved batch by
 #: batch with raw O_DIRECT, median of 3 x 384 MiB): 2 MiB x 16, raw 3.88 GB/s: none 0.839,
 #: group at 100 ms 0.838, at 20 ms 0.847, batch 0.785 of raw; 256 KiB x 64, raw 3.65: none
