@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 from bench import ttft_engine as te
+from bench.common import bench_model_config
 from bench.ttft import hf_and_ours
 from kvstore.keys import Namespace
-from bench.common import bench_model_config
 
 
 def _trace_summary(path: Path) -> str:

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from bench import ttft_engine as te
-from kvstore.keys import Namespace
 from bench.common import bench_model_config
+from kvstore.keys import Namespace
 from runtime import LlamaForPagedLM
 
 

@@ -610,7 +610,7 @@ class RedisTier(Tier):
         one shard down)."""
         deadline = time.monotonic() + self.timeout_s + nbytes / _SLOW_BYTES_PER_S
         items = list(range(len(names)))
-        ex = Exchange(build, handle, window, min(flush, FLUSH_BYTES))
+        ex = Exchange(build, handle, window, flush)
         failed: list[int] = []
         for attempt in (0, 1):
             groups, uncovered = self._route(names, items)
