@@ -11,10 +11,16 @@ own. Medians over ``--runs`` hits (prefix only in host, as ``bench.ttft`` measur
 The GPU marks are CUDA events recorded on the load stream after layers 0, 1, L/2, L-2 and L-1,
 and on the engine's stream when the forward returns.
 
-What it showed on the H200 (4K, Llama-3-8B): the first copy 0.9-1.2 ms after ``generate``, the
-forward ending 0.46 ms after the last copy (the last layer and ``lm_head``), the token 0.18 ms
-later, ``generate`` returning 0.3 ms after that; and the scatter kernel's loads running 0.7 ms
-longer beside the forward than alone (now DMA: ``connector/transfer.py``).
+What it showed on the H200 (4K, Llama-3-8B, at 84e0331, 21 hits): ``generate`` returned at
+12.32 ms against a load only of 10.39 (ratio 0.843; the target of 1.1x needs 11.42). The copies
+ran from 1.34 to 11.40 ms (10.06 ms, the PCIe floor); the forward ended 0.45 ms after the last
+copy (the last layer and ``lm_head``: the weights' read), the token was on the host 0.14 ms
+later and ``generate`` returned 0.32 ms after that. Before the first copy: ``add_request``
+0.20 ms, ``schedule`` 0.60 (hashing ~0.07, the hbm prefix 0.05, the leased lookup 0.18,
+allocation 0.02), binding 0.05, then in ``start_load_kv`` the host check 0.03, pinning 0.12 and
+``load_context`` 0.22 (which ``load only`` pays too). After the token: the finished request's
+release 0.12, reaping 0.03, the outputs and return 0.1. Earlier, the scatter kernel's loads ran
+0.7 ms longer beside the forward than alone (now DMA: ``connector/transfer.py``).
 
 Not a recorded bench: it prints, for whoever tunes the hit path (``bench.ttft_profile`` takes
 the no-reuse and hit cases apart by totals)."""
@@ -124,7 +130,17 @@ def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None
                 (engine, "_sample", "sample"), (engine, "_wait_loads", "wait for load threads"),
                 (store, "complete_load", "(load thread) store.complete_load"),
                 (sched, "update", "scheduler.update"), (engine, "_reap", "reap"),
-                (sched, "take_finished", "take_finished")):
+                (sched, "take_finished", "take_finished"), (engine, "step", "step"),
+                (sched, "_ensure_keys", "  hash block keys"),
+                (pool, "acquire_prefix", "  hbm acquire_prefix"),
+                (pool, "allocate", "  hbm allocate"),
+                (store.tier(worker._host_name), "count_leading", "  host count_leading"),
+                (worker._xfer, "load_context", "  load_context"),
+                (worker._xfer, "finish_load", "(load thread) finish_load"),
+                (worker, "settled_load_errors", "settled_load_errors"),
+                (worker, "clear_connector_metadata", "clear_connector_metadata"),
+                (engine._readout, "read", "  readout.read"),
+                (sched, "_finish", "  finish"), (pool, "release", "  hbm release")):
             stamps.wrap(obj, attr, label)
         gpu_events: list[tuple[str, torch.cuda.Event]] = []
         if device.type == "cuda":
