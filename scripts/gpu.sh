@@ -16,6 +16,15 @@ else
     export PYTHONPATH="$PWD"
 fi
 export PYTHONUNBUFFERED=1
+# the tests' Redis fixtures run redis-server from the PATH; the GPU machine has none: the carried
+# .redis/ (the binary and its libraries) goes on it through a wrapper that finds those libraries
+if [ -x .redis/redis-server ] && ! command -v redis-server >/dev/null; then
+    mkdir -p /tmp/redis-bin
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$PWD/.redis" "$PWD/.redis/redis-server" \
+        > /tmp/redis-bin/redis-server
+    chmod +x /tmp/redis-bin/redis-server
+    export PATH="/tmp/redis-bin:$PATH"
+fi
 # the commit the results come from: `git rev-parse HEAD > .commit` here, then carry .commit
 # (ignored, like .whl) -- the machine's copy of the tree does not carry its history
 [ -f .commit ] && export KVSTORE_GIT_COMMIT="$(cat .commit)"

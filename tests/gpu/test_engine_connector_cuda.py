@@ -1,8 +1,8 @@
 """GPU machine only (-m gpu): the engine-with-connector tests of tests/runtime, rerun with the
 model and its pool on CUDA -- loads from the pinned host tier run as scatter kernels on the
 connector's load stream, saves as gather kernels on its save stream, ordered by CUDA events.
-Greedy tokens must equal the no-cache reference whether the prefix came from hbm, host, disk
-or nowhere, with partial hits, concurrent requests, preemption and pages deleted mid-load."""
+Greedy tokens must equal the no-cache reference whether the prefix came from hbm, host, disk,
+Redis or nowhere, with partial hits, concurrent requests, preemption and pages deleted mid-load."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.runtime.test_engine_connector import (  # noqa: F401 - collected here
     test_preemption_with_connector,
     test_prefix_from_disk_loads_through_host,
     test_prefix_from_hbm_host_and_none_identical,
+    test_prefix_from_redis_loads_through_host,
     test_tiny_pool_evicts_to_host_between_requests,
     test_write_through_store_skips_request_save,
 )

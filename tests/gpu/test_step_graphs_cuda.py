@@ -2,8 +2,8 @@
 
 The kernels match the reference backend in float32 and bfloat16 with long cached prefixes and
 several splits; graph replay gives bitwise the logits of the same padded steps run eagerly, and
-the same greedy tokens with hits from hbm, host and disk and under preemption; a float32 model
-with graphs keeps the reference's logits (1e-4)."""
+the same greedy tokens with hits from hbm, host, disk and Redis and under preemption; a float32
+model with graphs keeps the reference's logits (1e-4)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ import random
 import pytest
 import torch
 
+from kvstore.metrics import Metrics
 from runtime import LlamaForPagedLM, SeqInput, allocate_kv_pool, build_batch, get_model_config
 from runtime.attention import make_attention_backend
 from runtime.attention.paged import attention, step_from_meta
 from tests.runtime.test_engine_connector import (
     GREEDY,
+    _engine_over,
+    _only_below_host,
     clear_hbm,
     make_disk_engine,
     make_engine,
@@ -151,10 +154,29 @@ def _tier_tokens(model: LlamaForPagedLM, tmp_path) -> list[list[int]]:  # type: 
     return out
 
 
-def test_greedy_tokens_identical_with_graphs_on_and_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _redis_tokens(model: LlamaForPagedLM, server) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Greedy tokens of one prompt computed, then hit in Redis (through host), on an emptied
+    server."""
+    from kvstore.tiers.redis import RedisTier
+
+    server.client().flushall()
+    redis = RedisTier("redis", model.config.kv_layout(BS), 64, Metrics(), url=server.url)
+    engine, store, host = _engine_over(model, redis)
+    p = prompt(random.Random(9), 53)
+    out = tokens(engine.generate([p], GREEDY))  # computed
+    _only_below_host(engine, store, host, redis, engine.namespace.chain(p).keys[:3])
+    (o,) = engine.generate([p], GREEDY)  # Redis
+    assert o.metrics.num_tokens_reused["redis"] == 48
+    out.append(o.output_token_ids)
+    engine.close()
+    store.close()
+    return out
+
+
+def test_greedy_tokens_identical_with_graphs_on_and_off(tmp_path, redis_server) -> None:  # type: ignore[no-untyped-def]
     cfg = get_model_config("tiny")
     on = LlamaForPagedLM.from_random(cfg, seed=7, device="cuda", step_graphs="cuda")
     off = LlamaForPagedLM.from_random(cfg, seed=7, device="cuda", step_graphs="eager")
-    got = _tier_tokens(on, tmp_path / "on")
+    got = _tier_tokens(on, tmp_path / "on") + _redis_tokens(on, redis_server)
     assert on.step_graphs is not None and on.step_graphs.num_captures > 0
-    assert got == _tier_tokens(off, tmp_path / "off")
+    assert got == _tier_tokens(off, tmp_path / "off") + _redis_tokens(off, redis_server)
