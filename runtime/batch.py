@@ -20,6 +20,7 @@ created and the KV pool is never touched.
 from __future__ import annotations
 
 import array
+import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -210,6 +211,10 @@ def build_batch(
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidArgument(f"{name} must be a positive int, got {value!r}",
                                   hint="pass the KV pool's geometry")
+    # every block table checked at once (one C conversion, not one per sequence: a batch-32
+    # decode step has 32); the per-sequence check below runs only to name an offender
+    tables_ok = len(seqs) > 1 and id_array(
+        list(itertools.chain.from_iterable(seq.block_table for seq in seqs)), num_blocks) is not None
     ids: list[int] = []
     slots = _Slots()
     logits_rows: list[int] = []
@@ -241,7 +246,7 @@ def build_batch(
                 f"tokens at block_size {block_size}",
                 hint="allocate blocks before scheduling the tokens",
             )
-        bad = first_bad_id(table, num_blocks)
+        bad = ID_OK if tables_ok else first_bad_id(table, num_blocks)
         if bad is not ID_OK:
             raise InvalidArgument(f"sequence {s}: block id {bad!r} is outside [0, {num_blocks})",
                                   hint="use block ids from the KV pool")
@@ -287,9 +292,12 @@ def build_batch(
                 "written twice in this batch",
                 hint="sequences may share cached blocks, never blocks they write")
     width = max(len(seq.block_table) for seq in seqs)
-    tables = torch.zeros((len(seqs), width), dtype=torch.int64)
+    # rows filled in numpy: a torch.tensor and a slice assignment per row cost ~0.4 ms of a
+    # batch-32 decode step on the H200's host
+    table_rows = np.zeros((len(seqs), width), dtype=np.int64)
     for s, seq in enumerate(seqs):
-        tables[s, : len(seq.block_table)] = torch.tensor(list(seq.block_table), dtype=torch.int64)
+        table_rows[s, : len(seq.block_table)] = seq.block_table
+    tables = torch.from_numpy(table_rows)
 
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64).to(device)

@@ -41,6 +41,11 @@ def pool(model: LlamaForPagedLM) -> torch.Tensor:
     ([SeqInput([1] * 5, [0])], "block table has 1 blocks, 2 needed for 5 tokens"),
     ([SeqInput([1], [0, 1], num_cached_tokens=8)], "3 needed for 9 tokens"),
     ([SeqInput([1], [0, 8])], "block id 8 is outside [0, 8)"),
+    # several sequences: their tables are checked at once, the offender still named
+    ([SeqInput([1], [0]), SeqInput([2], [1]), SeqInput([3], [8])],
+     "sequence 2: block id 8 is outside [0, 8)"),
+    ([SeqInput([1], [0]), SeqInput([2], [True])], "sequence 1: block id True"),
+    ([SeqInput([1], [0]), SeqInput([2], [1.0])], "sequence 1: block id 1.0"),  # type: ignore[list-item]
     ([SeqInput([1], [0, 0])], "repeats a block"),
     ([SeqInput([1, 2], [3]), SeqInput([5], [3], num_cached_tokens=1)], "written twice"),
     # long sequences take the bulk (numpy) paths: same checks, same messages
@@ -84,6 +89,14 @@ def test_shared_cached_blocks_are_allowed(model: LlamaForPagedLM) -> None:
     batch = build_batch(seqs, model.config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
     assert batch.meta.slot_blocks.tolist() == [1, 2]
     assert batch.meta.positions.tolist() == [4, 4]
+    assert batch.meta.block_tables.tolist() == [[0, 1], [0, 2]]
+
+
+def test_block_tables_of_different_lengths_are_padded(model: LlamaForPagedLM) -> None:
+    seqs = [SeqInput([1], [5]), SeqInput([2], [3, 6], num_cached_tokens=4), SeqInput([3], [7])]
+    batch = build_batch(seqs, model.config, block_size=BLOCK, num_blocks=NUM_BLOCKS)
+    assert batch.meta.block_tables.tolist() == [[5, 0], [3, 6], [7, 0]]
+    assert batch.meta.block_tables.dtype == torch.int64 and batch.meta.max_block_id == 7
 
 
 def _pool_rejects(model: LlamaForPagedLM, pool: Any, fragment: str, num_blocks: int = NUM_BLOCKS,
