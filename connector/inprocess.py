@@ -90,6 +90,7 @@ from kvstore.ops import copy_spans
 from kvstore.results import Lease, LookupResult
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
+from kvstore.tiers.base import check_keys
 from kvstore.tiers.hbm_owner import OwnedPool
 from kvstore.tiers.slab import SlabSlots
 
@@ -214,7 +215,9 @@ class InProcessScheduler(KVConnectorScheduler):
         self._drop(request_id, lookups=False)
         if start >= max_blocks:
             return LoadMatch(0, False)
-        keys = tuple(all_keys[start:max_blocks])
+        # checked once here (the namespace's own hashes, or the caller's keys by _given_keys):
+        # the store's lookup, count and pin of a 2048-key hit then skip their checks
+        keys = CheckedKeys(all_keys[start:max_blocks])
         found = self._lookup(request_id, keys)
         if found is None:
             self.pending_answers += 1
@@ -234,7 +237,8 @@ class InProcessScheduler(KVConnectorScheduler):
                 lease = self.store.narrow(lease, n)
             except LeaseError:
                 lease = None  # expired already: the load judges its pages as they are
-        self._matches[request_id] = _Match(tuple(keys[:n]), lease, load_async)
+        self._matches[request_id] = _Match(keys if n == len(keys) else CheckedKeys(keys[:n]),
+                                           lease, load_async)
         return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
 
     def _given_keys(self, token_ids: Sequence[int], block_keys: Sequence[bytes],
@@ -251,6 +255,7 @@ class InProcessScheduler(KVConnectorScheduler):
                 "blocks before its last token")
         if not max_blocks:
             return ()
+        check_keys(tuple(block_keys[:max_blocks]))  # 16-byte bytes, as every lookup needs
         B = self.block_size
         ends = {0, max_blocks - 1}
         for i in ends:
@@ -369,7 +374,8 @@ class InProcessScheduler(KVConnectorScheduler):
             self._drop(request_id)
             return
         match.spec = LoadSpec(  # the keys passed the lookup's checks: not checked again
-            request_id, self.namespace.id, tuple(block_ids), CheckedKeys(match.keys[:n]),
+            request_id, self.namespace.id, tuple(block_ids),
+            match.keys if n == len(match.keys) else CheckedKeys(match.keys[:n]),
             match.lease, match.load_async,
         )
 

@@ -23,6 +23,7 @@ With a KV connector (``connector=(InProcessScheduler, InProcessWorker)``, built 
     model forward with layer hooks: wait_for_layer_load(l) | attention(l) | save_kv_layer(l)
     wait until this step's loads ended -> get_block_ids_with_load_errors -> clear metadata
     failed loads: the request rolls back to its first failed block, its chunk is discarded
+    commit; release what the requests this step ends by max_tokens hold (the GPU still runs)
     sample, update; get_finished(ended requests) -> free blocks whose transfers are done
 
 Load or recompute: the engine measures its prefill speed (``prefill_tokens_per_s``, an
@@ -316,11 +317,10 @@ class Engine:
             bad = first_bad_id(list(prompt_token_ids), cfg.vocab_size)
             raise InvalidArgument(f"prompt token id {bad!r} is outside [0, {cfg.vocab_size})",
                                   hint="tokenize with the model's tokenizer")
-        prompt = ids.tolist()  # plain ints, also from numpy integers
         params.check_vocab(cfg.vocab_size)
-        if len(prompt) + params.max_tokens > cfg.max_position_embeddings:
+        if len(ids) + params.max_tokens > cfg.max_position_embeddings:
             raise InvalidArgument(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_position_embeddings={cfg.max_position_embeddings}",
                 hint="shorten the prompt or lower max_tokens")
         if request_id is None:
@@ -332,7 +332,8 @@ class Engine:
         elif request_id in self._known_ids:
             raise InvalidArgument(f"request id {request_id!r} is already in use",
                                   hint="leave request_id unset to get a fresh one")
-        req = Request(request_id, prompt, params,
+        # the checked array itself: the request copies it (outputs get plain ints from it)
+        req = Request(request_id, ids, params,
                       self._clock() if arrival_time is None else arrival_time,
                       prompt_bytes=int32le(ids))
         self._known_ids.add(request_id)
@@ -378,6 +379,7 @@ class Engine:
                     # they run (a 32K-token hit commits 2048 blocks), not after them
                     rolled = self.scheduler.apply_load_errors(settled) if settled else set()
                     self._commit(chunks, rolled)
+                    self.scheduler.release_ending(chunks, rolled)
                     # and sample: the forward's layers wait for their copies on the device, so
                     # its logits are read as soon as it is done, while the load threads still
                     # complete the loads (unpin, report); a late device error raises below,
@@ -398,6 +400,7 @@ class Engine:
         if chunks:
             if settled is None:
                 self._commit(chunks, rolled)
+                self.scheduler.release_ending(chunks, rolled)
                 assert logits is not None
                 sampled = self._sample(chunks, logits, rolled)
             self.scheduler.update([ch for ch in chunks if ch.request.request_id not in rolled],

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from connector.base import KVConnectorScheduler, KVConnectorWorker
 from kvstore.errors import InvalidArgument
-from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
+from kvstore.keys import BlockMeta, CheckedKeys, Namespace, chain_keys, token_bytes
 from kvstore.tiers.hbm import HBMTier
 from runtime.request import Request, RequestStatus
 
@@ -234,7 +234,8 @@ class Scheduler:
             return 0
         max_hit = (req.num_tokens - 1) // self.block_size
         self._ensure_keys(req, max_hit)
-        blocks = self.pool.acquire_prefix(req.block_keys[:max_hit]) if max_hit else []
+        # the keys are chain_keys' own 16-byte digests: checked by construction
+        blocks = self.pool.acquire_prefix(CheckedKeys(req.block_keys[:max_hit])) if max_hit else []
         req.block_ids = blocks
         req.num_computed_tokens = len(blocks) * self.block_size
         req.num_committed_blocks = len(blocks)
@@ -382,10 +383,8 @@ class Scheduler:
         now = self._clock()
         for ch in chunks:
             req = ch.request
-            req.num_computed_tokens += ch.num_tokens
-            if req.in_prefill:
-                req.num_tokens_computed += ch.num_tokens
-            self._commit_full_blocks(req)
+            if not req.released:
+                self._advance(ch)
             if not ch.sample:
                 continue
             req.in_prefill = False
@@ -397,6 +396,32 @@ class Scheduler:
                 self._finish(req, "stop")
             elif len(req.token_ids) - req.num_prompt_tokens >= req.params.max_tokens:
                 self._finish(req, "length")
+
+    def _advance(self, ch: ScheduledChunk) -> None:
+        """The chunk's tokens are computed: count them, commit the blocks they filled."""
+        req = ch.request
+        req.num_computed_tokens += ch.num_tokens
+        if req.in_prefill:
+            req.num_tokens_computed += ch.num_tokens
+        self._commit_full_blocks(req)
+
+    def release_ending(self, chunks: list[ScheduledChunk], skip: set[str]) -> None:
+        """Give back now, while the GPU still runs the step, what the requests that this step's
+        token ends by ``max_tokens`` hold (their blocks, their connector admission): which
+        token it is (a stop token or not) changes only the finish reason, which :meth:`update`
+        sets. Off the time to the token's return: a 32K-token request releases 2048 blocks.
+        The engine calls this after :meth:`commit_prepared` (the blocks are committed and the
+        step's writes queued before any is released; a later writer of a freed block is
+        ordered after them on the device). ``skip``: rolled-back requests (no token)."""
+        for ch in chunks:
+            req = ch.request
+            if (not ch.sample or req.request_id in skip or req.released
+                    or req.num_tokens + 1 - req.num_prompt_tokens < req.params.max_tokens):
+                continue
+            self._advance(ch)
+            req.prompt_out = req.output_prompt()  # the output's list, made here too
+            self._release(req)
+            req.released = True
 
     def prepare_commits(self, chunks: list[ScheduledChunk]) -> None:
         """Build the identities of the full blocks each chunk completes, for :meth:`update` to
@@ -475,11 +500,17 @@ class Scheduler:
         data = _token_data(req, have * self.block_size, num_blocks * self.block_size)
         req.block_keys.extend(chain_keys(parent, data, self.block_size))
 
+    def _release(self, req: Request) -> None:
+        """What an ending request holds goes back (its transfers may delay the blocks)."""
+        self._end_connector_request(req, preempted=False)
+        self._reset(req)
+
     def _finish(self, req: Request, reason: str, *, error: str | None = None) -> None:
         if req in self.running:
             self.running.remove(req)
-        self._end_connector_request(req, preempted=False)
-        self._reset(req)
+        if not req.released:
+            self._release(req)
+        req.released = True
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason  # type: ignore[assignment]
         req.error = error
