@@ -179,11 +179,13 @@ class TieredStore(StagingPath):
                 run = tier.count_leading_checked(keys[pos:], tally)
                 if run:
                     if ti:  # hand back the part of the run that a faster tier also holds
-                        window = keys[pos : pos + run]
+                        # (the whole run of checked keys passes as it is: no copy, no check)
+                        window = keys if pos == 0 and run == n else keys[pos : pos + run]
                         for faster in asked[:ti]:
                             there = faster.contains(window)
-                            run = next((i for i, h in enumerate(there) if h), run)
-                            window = window[:run]
+                            if True in there:  # scanned in C
+                                run = there.index(True)
+                                window = window[:run]
                     runs.append((tier, run))
                     pos += run
                     break

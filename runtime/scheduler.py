@@ -257,7 +257,7 @@ class Scheduler:
         self._ensure_keys(req, max_hit)  # hashed once: the connector gets them too
         match = conn.scheduler.get_num_new_matched_tokens(
             cid, req.token_ids, hits * self.block_size,
-            block_keys=req.block_keys if self._same_namespace else None)
+            block_keys=CheckedKeys(req.block_keys[:max_hit]) if self._same_namespace else None)
         if match.num_tokens is None:
             return None
         nblk = match.num_tokens // self.block_size
