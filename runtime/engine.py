@@ -380,6 +380,7 @@ class Engine:
                     rolled = self.scheduler.apply_load_errors(settled) if settled else set()
                     self._commit(chunks, rolled)
                     self.scheduler.release_ending(chunks, rolled)
+                    self._reap()  # the requests that ended so far: not after the token
                     # and sample: the forward's layers wait for their copies on the device, so
                     # its logits are read as soon as it is done, while the load threads still
                     # complete the loads (unpin, report); a late device error raises below,
@@ -405,7 +406,7 @@ class Engine:
                 sampled = self._sample(chunks, logits, rolled)
             self.scheduler.update([ch for ch in chunks if ch.request.request_id not in rolled],
                                   sampled)
-        if conn is not None:
+        if conn is not None and (settled is None or self.scheduler.num_connector_finished):
             self._reap()
         done = self.scheduler.take_finished()
         for req in done:
@@ -521,13 +522,14 @@ class Engine:
         except InvalidArgument:
             self._abort(ids)
             raise
-        want = set(ids)
+        pending = set(ids)
         results: dict[str, RequestOutput] = {}
-        while want - results.keys():
+        while pending:
             if not self.has_unfinished():  # pragma: no cover - scheduler invariant
                 raise RuntimeError("requests vanished from the scheduler")
             for out in self.step():
                 results[out.request_id] = out
+                pending.discard(out.request_id)
         return [results[i] for i in ids]
 
     def _abort(self, request_ids: Sequence[str]) -> None:

@@ -314,6 +314,11 @@ class Scheduler:
         done, self._conn_finished = self._conn_finished, []
         return done
 
+    @property
+    def num_connector_finished(self) -> int:
+        """Requests ended since the last :meth:`take_connector_finished`."""
+        return len(self._conn_finished)
+
     def free_delayed(self, connector_ids: Iterable[str]) -> None:
         """The connector reported these requests' transfers done: free their blocks."""
         for cid in connector_ids:
