@@ -9,7 +9,7 @@ The engine's, scheduler's, connector's and store's methods on the hit path are w
 Python frames, which slowed the 4K hit's forward launch 50-fold, the timeline stays the hit's
 own. Medians over ``--runs`` hits (prefix only in host, as ``bench.ttft`` measures them).
 The GPU marks are CUDA events recorded on the load stream after layers 0, 1, L/2, L-2 and L-1,
-and on the engine's stream when the forward returns and when the sampling kernels are queued.
+and on the engine's stream when the forward returns.
 
 What it showed on the H200 (4K, Llama-3-8B, at 84e0331, 21 hits): ``generate`` returned at
 12.32 ms against a load only of 10.39 (ratio 0.843; the target of 1.1x needs 11.42). The copies
@@ -90,14 +90,7 @@ def _gpu_marks(engine: Any, num_layers: int, marks: list[tuple[str, torch.cuda.E
         event("forward ends")
         return out
 
-    read = engine._readout.read
-
-    def on_read(t: Any) -> Any:
-        event("sampling kernels end")  # queued after the argmax, before the readout's kernel
-        return read(t)
-
     xfer.load_context, xfer.load_layer, engine._forward = on_load_context, on_load_layer, on_forward
-    engine._readout.read = on_read
 
 
 def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None:
@@ -146,7 +139,7 @@ def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None
                 (worker._xfer, "finish_load", "(load thread) finish_load"),
                 (worker, "settled_load_errors", "settled_load_errors"),
                 (worker, "clear_connector_metadata", "clear_connector_metadata"),
-                (engine._readout, "read", "  readout.read"),
+                (engine._readout, "argmax", "  readout.argmax"),
                 (sched, "_finish", "  finish"), (pool, "release", "  hbm release")):
             stamps.wrap(obj, attr, label)
         gpu_events: list[tuple[str, torch.cuda.Event]] = []

@@ -47,6 +47,24 @@ class HostReadout:
             raise RuntimeError("pinned host memory is not addressable from the device")
         self._host, self._dev = host, dev
 
+    def argmax(self, rows: torch.Tensor) -> list[int]:
+        """Each row's argmax of ``rows`` ``[n, vocab]`` (the first on ties) as host ints: the
+        reduction writes its results straight into the pinned buffer -- one kernel fewer than
+        :meth:`read` of an argmax, between the last layer and the token on the host (H200:
+        0.34 against 0.37 ms for lm_head, argmax and the read from an idle GPU)."""
+        if rows.device.type != "cuda":
+            return torch.argmax(rows, dim=-1).tolist()
+        n = rows.shape[0] * 8
+        assert self._host is not None and self._dev is not None
+        if n > self._host.numel():
+            self._grow(max(n, 2 * self._host.numel()))
+            assert self._host is not None and self._dev is not None
+        torch.argmax(rows, dim=-1, out=self._dev[:n].view(torch.int64))
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(rows.device))
+        done.synchronize()
+        return self._host[:n].view(torch.int64).tolist()
+
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU copy of ``t`` (numeric dtypes), made by a kernel on the current stream; waits
         for that stream only."""

@@ -108,7 +108,9 @@ def sample_rows(
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
         rows = logits if len(greedy) == len(params) else logits[greedy]
-        for i, tok in zip(greedy, read(torch.argmax(rows, dim=-1)).tolist()):
+        toks = (readout.argmax(rows) if readout is not None
+                else torch.argmax(rows, dim=-1).to("cpu").tolist())
+        for i, tok in zip(greedy, toks):
             out[i] = int(tok)
     others = [i for i, p in enumerate(params) if not p.greedy]
     if others:

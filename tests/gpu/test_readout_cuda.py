@@ -43,3 +43,20 @@ def test_read_behind_a_queued_save() -> None:
     toks = r.read(torch.argmax(logits, dim=-1))
     assert toks.tolist() == logits.argmax(-1).tolist()
     side.synchronize()
+
+
+def test_argmax_is_written_straight_to_the_host() -> None:
+    """Row-wise argmax into the pinned buffer: exact, the first of tied maxima, past the first
+    buffer, and not behind a queued device-to-host copy."""
+    r = HostReadout("cuda", nbytes=16)
+    logits = torch.randn(5, 128256, device="cuda")
+    logits[2, 7] = logits[2, 90000] = logits[2].max() + 1
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        host.copy_(big, non_blocking=True)
+    got = r.argmax(logits)  # 5 ids: past the 16-byte first buffer
+    assert got == logits.argmax(-1).tolist() and got[2] == 7
+    assert r.argmax(logits[3:4].to(torch.bfloat16)) == [int(logits[3].to(torch.bfloat16).argmax())]
+    side.synchronize()

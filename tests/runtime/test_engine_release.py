@@ -36,14 +36,14 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 32) -> Engine:
 def held_at_reads(engine: Engine) -> list[int]:
     """Blocks referenced by requests each time a token is read (recorded into the list)."""
     seen: list[int] = []
-    read = engine._readout.read
+    argmax = engine._readout.argmax  # greedy tokens are read through it
     pool = engine.pool
 
     def spy(t: Any) -> Any:
         seen.append(sum(pool.refcount(b) for b in range(pool.num_blocks)))
-        return read(t)
+        return argmax(t)
 
-    engine._readout.read = spy  # type: ignore[method-assign]
+    engine._readout.argmax = spy  # type: ignore[method-assign]
     return seen
 
 

@@ -34,3 +34,8 @@ def test_cpu_readout_is_a_copy() -> None:
     r = HostReadout("cpu").read(t)
     t.add_(1)
     assert r.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_cpu_argmax_takes_the_first_maximum() -> None:
+    t = torch.tensor([[0.0, 3.0, 3.0], [5.0, 1.0, 5.0]])
+    assert HostReadout("cpu").argmax(t) == [1, 0]
