@@ -11,16 +11,19 @@ own. Medians over ``--runs`` hits (prefix only in host, as ``bench.ttft`` measur
 The GPU marks are CUDA events recorded on the load stream after layers 0, 1, L/2, L-2 and L-1,
 and on the engine's stream when the forward returns.
 
-What it showed on the H200 (4K, Llama-3-8B, at 84e0331, 21 hits): ``generate`` returned at
-12.32 ms against a load only of 10.39 (ratio 0.843; the target of 1.1x needs 11.42). The copies
-ran from 1.34 to 11.40 ms (10.06 ms, the PCIe floor); the forward ended 0.45 ms after the last
-copy (the last layer and ``lm_head``: the weights' read), the token was on the host 0.14 ms
-later and ``generate`` returned 0.32 ms after that. Before the first copy: ``add_request``
-0.20 ms, ``schedule`` 0.60 (hashing ~0.07, the hbm prefix 0.05, the leased lookup 0.18,
-allocation 0.02), binding 0.05, then in ``start_load_kv`` the host check 0.03, pinning 0.12 and
-``load_context`` 0.22 (which ``load only`` pays too). After the token: the finished request's
-release 0.12, reaping 0.03, the outputs and return 0.1. Earlier, the scatter kernel's loads ran
-0.7 ms longer beside the forward than alone (now DMA: ``connector/transfer.py``).
+What it showed on the H200 (4K, Llama-3-8B, 21 hits a run). At 84e0331: ``generate``
+returned at 12.32 ms against a load only of 10.39 (ratio 0.843); the first copy started 1.34 ms
+after the call, the token was on the host 0.59 ms after the last copy landed and ``generate``
+returned 0.32 ms after that. At 3127ac9 (two runs): 11.37 and 11.74 ms against 10.07 and 10.26
+(0.886, 0.874; the target of 1.1x needs 0.909). The first copy starts at 0.69-1.01 ms:
+``add_request`` 0.08-0.11, ``schedule`` 0.33-0.49 (hashing ~0.06, the leased lookup 0.08-0.12),
+pinning 0.07-0.11 and ``load_context`` 0.13-0.18 (which ``load only`` pays too). The copies run
+10.05 ms (the PCIe floor); the forward ends 0.44-0.45 ms after the last one (the last layer and
+the 1 GB ``lm_head``: reads of the weights), the token is on the host 0.09-0.14 ms later and
+``generate`` returns 0.08-0.10 ms after that (it was 0.32: a request that the token ends gives
+its blocks back while the GPU runs, ``Scheduler.release_ending``). Earlier, the scatter kernel's
+loads ran 0.7 ms longer beside the forward than alone (now DMA: ``connector/transfer.py``).
+At 4135920: 11.62 ms against 10.24 (0.881) at 4K, and 83.79 against 78.74 (0.940) at 32K.
 
 Not a recorded bench: it prints, for whoever tunes the hit path (``bench.ttft_profile`` takes
 the no-reuse and hit cases apart by totals)."""
