@@ -426,7 +426,6 @@ class Scheduler:
             self._advance(ch)
             req.prompt_out = req.output_prompt()  # the output's list, made here too
             self._release(req)
-            req.released = True
 
     def prepare_commits(self, chunks: list[ScheduledChunk]) -> None:
         """Build the identities of the full blocks each chunk completes, for :meth:`update` to
@@ -509,13 +508,13 @@ class Scheduler:
         """What an ending request holds goes back (its transfers may delay the blocks)."""
         self._end_connector_request(req, preempted=False)
         self._reset(req)
+        req.released = True
 
     def _finish(self, req: Request, reason: str, *, error: str | None = None) -> None:
         if req in self.running:
             self.running.remove(req)
         if not req.released:
             self._release(req)
-        req.released = True
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason  # type: ignore[assignment]
         req.error = error
