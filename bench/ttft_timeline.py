@@ -25,6 +25,21 @@ its blocks back while the GPU runs, ``Scheduler.release_ending``). Earlier, the 
 loads ran 0.7 ms longer beside the forward than alone (now DMA: ``connector/transfer.py``).
 At 4135920: 11.62 ms against 10.24 (0.881) at 4K, and 83.79 against 78.74 (0.940) at 32K.
 
+At 933de1b (2026-12-03, another H200 host): ``bench.ttft`` gave 11.96 ms against 10.47 (0.876)
+at 4K, 0.954 at 16K, 0.964 at 32K; this timeline 11.79 against 10.33. A CUDA-only
+``torch.profiler`` trace of one 4K hit put the device's tail after the last copy at 0.43 ms, all
+reads of weights at the bandwidth floor: layer 31 0.137 (attention 0.021, o_proj 0.013, gate/up
+0.060, down 0.030), the logits row's gather 0.004, ``lm_head`` 0.246 (1 GB, 4.3 TB/s), the float
+cast 0.004 and the argmax 0.028. The host has the token 13-22 us after the argmax ends (the
+event wait spins; polling ``query`` gains nothing); from there to ``generate``'s return is
+160-275 us of Python with no single culprit: a ``sys.setprofile`` trace of it shows some 40
+calls of 1-12 us each on that host (waiting on the finished load's event, 25; ``update`` with
+``_finish``, 45; ``to_output``, 40; the step's frame torn down, 12). Before the first copy, 0.67
+ms is the engine's own (0.86 ms, less ``load_context``, which ``load only`` pays too). So the 4K
+target of 1.1x (1.02-1.05 ms over ``load only``) needs 0.3-0.45 ms less Python on the hit path,
+about a third of it: spread over some thirty calls of 5-100 us each, a native admission path
+(hash chain, host index lookup, lease and pin in one call) rather than more micro-cuts.
+
 Not a recorded bench: it prints, for whoever tunes the hit path (``bench.ttft_profile`` takes
 the no-reuse and hit cases apart by totals)."""
 
