@@ -39,6 +39,7 @@ import blake3
 import numpy as np
 import xxhash
 
+from kvstore import native_chain as native_chain_module
 from kvstore.errors import InvalidArgument
 from kvstore.layout import KVLayout
 
@@ -140,15 +141,29 @@ class BlockChain:
         return [self.meta(i) for i in range(start, stop)]
 
 
+#: From this many blocks on, a chain is hashed in one native call (below it, the call's own
+#: cost is more than the Python loop's).
+_NATIVE_MIN_BLOCKS = 16
+
+
 def chain_keys(seed: bytes, data: bytes, block_size: int) -> list[bytes]:
     """Chained keys over ``data`` (int32le token ids); trailing partial block ignored."""
     if len(seed) != KEY_BYTES:
         raise InvalidArgument(f"namespace seed must be {KEY_BYTES} bytes, got {len(seed)}")
     step = block_size * 4
-    end = len(data) - len(data) % step
+    n = len(data) // step
+    if n >= _NATIVE_MIN_BLOCKS and step <= native_chain_module.MAX_STEP:
+        native = native_chain_module.native_chain(_chain_reference)
+        if native is not None:
+            return native(bytes(seed), bytes(data), n, step)
+    return _chain_reference(seed, data, n, step)
+
+
+def _chain_reference(seed: bytes, data: bytes, n: int, step: int) -> list[bytes]:
+    """The keys of the first ``n`` blocks of ``step`` bytes of ``data``, in Python."""
     keys: list[bytes] = []
     parent = seed
-    for off in range(0, end, step):
+    for off in range(0, n * step, step):
         parent = _h128(parent + data[off : off + step])
         keys.append(parent)
     return keys
