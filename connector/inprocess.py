@@ -836,7 +836,8 @@ class InProcessWorker(KVConnectorWorker):
 
     def wait_for_loads(self) -> None:
         for job in list(self._jobs):
-            job.done.wait()
+            if not job.done.is_set():  # (the usual case after a step's token: no lock taken)
+                job.done.wait()
 
     def settled_load_errors(self) -> set[int] | None:
         # A load queued on the caller pinned its pages first (a pinned slot keeps its bytes:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import array
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Any
@@ -196,6 +197,15 @@ def token_bytes(token_ids: Any) -> bytes:
         return np.ascontiguousarray(token_ids, dtype="<i4").tobytes()
     if not isinstance(token_ids, Sequence) and not isinstance(token_ids, array.array):
         raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+    if (type(token_ids) is array.array and token_ids.typecode == "I" and token_ids.itemsize == 4
+            and sys.byteorder == "little"):  # the runtime's own ids: no copy
+        n = len(token_ids)
+        # the builtin max for a block's few ids, numpy's (no int objects) for a prompt's
+        top = 0 if not n else (max(token_ids) if n <= 64
+                               else int(np.frombuffer(token_ids, dtype=np.uint32).max()))
+        if top > _MAX_TOKEN_ID:
+            raise InvalidArgument(f"token ids must lie in [0, {_MAX_TOKEN_ID}], got {top}")
+        return token_ids.tobytes()
     try:
         # 'I' (unsigned) rejects negative ids and non-integers in C, without a Python loop.
         arr = array.array("I", token_ids)

@@ -47,8 +47,7 @@ class SlotReads:
             return iter(list(self._index))
 
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
-        index = self._index
-        return [k in index for k in keys]
+        return list(map(self._index.__contains__, keys))  # in C: a lookup asks of 2K keys
 
     def _count_leading(self, keys: Sequence[bytes]) -> int:
         return len(list(takewhile(self._index.__contains__, keys)))

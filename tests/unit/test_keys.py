@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore import InvalidArgument, KVLayout, Namespace, chain_keys
+from kvstore import InvalidArgument, KVLayout, Namespace, chain_keys, token_bytes
 
 LLAMA = KVLayout(32, 8, 128, 16, "bfloat16")
 
@@ -134,3 +134,21 @@ def test_packed_keys_come_back_exactly_nuls_included() -> None:
         unpack_keys(b"k" * 33)
     with pytest.raises(InvalidArgument, match="4 keys in one call; the limit is 3"):
         unpack_keys(pack_keys(keys), limit=3)
+
+
+@pytest.mark.parametrize("n", [0, 1, 16, 64, 65, 4096])
+def test_token_bytes_of_the_runtime_id_array_equal_those_of_a_list(n: int) -> None:
+    import array
+
+    ids = [(i * 7919) % 128256 for i in range(n)]
+    assert token_bytes(array.array("I", ids)) == token_bytes(ids) == token_bytes(np.array(ids, dtype=np.int64))
+
+
+@pytest.mark.parametrize("n", [1, 16, 65, 4096])
+def test_token_bytes_refuses_an_id_array_past_int32(n: int) -> None:
+    import array
+
+    ids = array.array("I", [5] * n)
+    ids[n // 2] = 2**31
+    with pytest.raises(InvalidArgument, match="2147483648"):
+        token_bytes(ids)
