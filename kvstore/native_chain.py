@@ -39,7 +39,7 @@ _chain: ChainFn | None = None
 @functools.lru_cache(maxsize=64)
 def _splitter(n: int) -> struct.Struct:
     """Splits ``n`` keys' bytes into ``n`` bytes objects in one C call."""
-    return struct.Struct(f"{n * KEY_BYTES}s" if n == 1 else "16s" * n)
+    return struct.Struct(f"{KEY_BYTES}s" * n)
 
 
 def _bind() -> ChainFn | None:
