@@ -10,7 +10,7 @@
  * that kvstore.keys hashes with in Python (the python-xxhash extension exports it), so both
  * paths run the same code. Called through ctypes, which releases the GIL.
  *
- * Reference: kvstore.keys.chain_keys_reference, same contract.
+ * Reference: kvstore.keys._chain_reference, same contract.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -24,7 +24,7 @@ typedef struct {
 typedef kv_hash128 (*kv_xxh3_128)(const void *data, size_t len);
 
 #define KV_KEY 16u
-#define KV_MAX_STEP 4096u
+#define KV_MAX_STEP 4096u /* kvstore.native_chain.MAX_STEP */
 
 static void put_be64(uint8_t *out, uint64_t v) {
     for (int i = 7; i >= 0; i--) {

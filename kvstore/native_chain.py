@@ -24,9 +24,10 @@ import xxhash
 
 log = logging.getLogger("kvstore.native")
 
-KEY_BYTES = 16
-#: The native op's limit on a block's token bytes (block_size <= 1024; larger blocks hash in
-#: Python).
+#: A key is one XXH3-128 digest (kvstore.keys.KEY_BYTES; that module imports this one)
+KEY_BYTES = xxhash.xxh3_128().digest_size
+#: The native op's limit on a block's token bytes, KV_MAX_STEP in csrc/chain_keys.c
+#: (block_size <= 1024; larger blocks hash in Python).
 MAX_STEP = 4096
 
 ChainFn = Callable[[bytes, bytes, int, int], list[bytes]]
