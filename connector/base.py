@@ -222,7 +222,9 @@ class LoadMatch:
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
     """Load ``keys[i]`` into engine block ``block_ids[i]``. ``lease`` pins the pages since the
-    lookup; the worker side releases it when the load ends."""
+    lookup; the worker side releases it when the load ends. ``skip_first_layer``: layer 0 is
+    not copied -- the engine writes its K/V itself, from the token ids (see
+    :attr:`KVConnectorWorker.skips_first_layer`)."""
 
     request_id: str
     namespace_id: bytes
@@ -230,6 +232,7 @@ class LoadSpec:
     keys: tuple[bytes, ...]
     lease: Lease | None
     load_async: bool
+    skip_first_layer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +343,11 @@ class KVConnectorScheduler(ABC):
 class KVConnectorWorker(ABC):
     """Worker side. Its methods are called from one engine thread; its copies run on its own
     threads, which touch only the blocks named in the bound metadata."""
+
+    #: Whether loads honour :attr:`LoadSpec.skip_first_layer` (never copy layer 0 of their
+    #: blocks). An engine that writes the first layer's K/V of its loads itself asks for the
+    #: skip only from a worker that honours it: a copy landing beside its own write would race.
+    skips_first_layer: bool = False
 
     @abstractmethod
     def register_kv_caches(self, spec: KVCacheSpec) -> None:

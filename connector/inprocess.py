@@ -163,7 +163,9 @@ class InProcessScheduler(KVConnectorScheduler):
     recomputing them are not matched (see the module docstring, "Load or recompute").
     ``async_below_host``: a match with pages below host loads asynchronously (default); False:
     synchronously like a host match -- for a worker with ``cpu_inline``, which then waits for
-    their prefetch on the engine thread."""
+    their prefetch on the engine thread. ``skip_first_layer``: the loads it plans leave layer 0
+    uncopied (:attr:`LoadSpec.skip_first_layer`), for an engine that writes the first layer's
+    K/V of its loads itself (the bundled runtime's ``Engine`` sets it); off by default."""
 
     def __init__(
         self,
@@ -174,6 +176,7 @@ class InProcessScheduler(KVConnectorScheduler):
         host_tier: str = "host",
         recompute_tokens_per_s: float | None = None,
         async_below_host: bool = True,
+        skip_first_layer: bool = False,
     ) -> None:
         if namespace.layout != store.layout:
             raise InvalidArgument(
@@ -187,6 +190,7 @@ class InProcessScheduler(KVConnectorScheduler):
         self.block_size = store.layout.block_size
         self.recompute_tokens_per_s = recompute_tokens_per_s  # validated by the setter
         self.async_below_host = bool(async_below_host)
+        self.skip_first_layer = bool(skip_first_layer)
         self.decisions: Counter[str] = Counter()  # matched blocks below host: load / recompute
         self._m_decisions = store.metrics.counter(
             "kvstore_connector_decisions",
@@ -392,7 +396,7 @@ class InProcessScheduler(KVConnectorScheduler):
         match.spec = LoadSpec(  # the keys passed the lookup's checks: not checked again
             request_id, self.namespace.id, ids,
             match.keys if n == len(match.keys) else CheckedKeys(match.keys[:n]),
-            match.lease, match.load_async,
+            match.lease, match.load_async, self.skip_first_layer,
         )
 
     def request_save(
@@ -531,6 +535,8 @@ class InProcessWorker(KVConnectorWorker):
     a load completed over the daemon's socket meanwhile made a host hit ~200 ms instead of
     ~18), and whose engine loop polls while a request waits for an asynchronous load (see
     :class:`~connector.transfer.CpuTransfer`). Saves keep the save thread."""
+
+    skips_first_layer = True
 
     def __init__(
         self,
@@ -718,7 +724,7 @@ class InProcessWorker(KVConnectorWorker):
         assert xfer is not None or not self._step_loads
         for job in self._step_loads:
             job.layers.wait(layer)
-            if job.ctx is not None:
+            if job.ctx is not None and (layer or not job.spec.skip_first_layer):
                 xfer.wait_layer(job.ctx, layer)  # type: ignore[union-attr]
 
     def _resolve_and_queue(self, job: _LoadJob, *, may_wait: bool) -> tuple[int, str]:
@@ -756,8 +762,9 @@ class InProcessWorker(KVConnectorWorker):
         if good:
             assert job.handle is not None
             job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], job.handle.slots)
+        skip = 1 if spec.skip_first_layer else 0  # the engine writes layer 0 itself
         for lyr in range(self.layout.num_layers):
-            if good:
+            if good and lyr >= skip:
                 xfer.load_layer(job.ctx, lyr)
             job.layers.reach(lyr + 1)
         return good, reason

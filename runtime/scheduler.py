@@ -138,6 +138,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self._finished)
 
+    @property
+    def loading(self) -> list[Request]:
+        """The requests admitted with a connector load in the last :meth:`schedule` (their
+        ``load_start`` and ``load_block_ids`` name the blocks)."""
+        return self._loading
+
     def take_finished(self) -> list[Request]:
         done, self._finished = self._finished, []
         return done
