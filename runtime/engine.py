@@ -74,7 +74,7 @@ from runtime.batch import SeqInput, build_batch, first_bad_id, id_array, int32le
 from runtime.config import get_model_config
 from runtime.model import LlamaForPagedLM, StepGraphsMode
 from runtime.request import Request, RequestOutput
-from runtime.readout import HostReadout
+from runtime.readout import HostReadout, HostUpload
 from runtime.sampling import SamplingParams, sample_rows
 from runtime.scheduler import EngineConnector, Scheduler, SchedulerConfig
 from runtime.tokenizer import Tokenizer
@@ -143,6 +143,7 @@ class Engine:
         self.model = model
         self.pool = pool
         self._readout = HostReadout(pool.device)
+        self._upload = HostUpload(pool.device)
         self.namespace = namespace
         self.config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunk_size,
                                       enable_prefix_caching)
@@ -484,7 +485,7 @@ class Engine:
             req = by_id[spec.request_id]
             start, stop = req.load_start * B, (req.load_start + len(spec.block_ids)) * B
             self.model.write_first_layer_kv(self.pool.pool, req.token_ids[start:stop], start,
-                                            spec.block_ids)
+                                            spec.block_ids, upload=self._upload.upload)
 
     def _measure_prefill(self, num_tokens: int, elapsed_s: float) -> None:
         sample_tps = num_tokens / max(elapsed_s, 1e-9)

@@ -16,7 +16,7 @@ the caller owns the pool and the block tables (see :mod:`runtime.batch`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
@@ -371,7 +371,8 @@ class LlamaForPagedLM(nn.Module):
 
     @torch.inference_mode()
     def write_first_layer_kv(self, kv_pool: torch.Tensor, token_ids: Sequence[int],
-                             first_position: int, block_ids: Sequence[int]) -> None:
+                             first_position: int, block_ids: Sequence[int], *,
+                             upload: Callable[[np.ndarray], torch.Tensor] | None = None) -> None:
         """Write layer 0's K/V of ``token_ids`` -- whole blocks at positions ``first_position``
         on, block ``i`` of them into pool block ``block_ids[i]`` -- as a forward over them
         would, and nothing else. Layer 0's K/V depend on the token ids and positions alone (an
@@ -383,7 +384,8 @@ class LlamaForPagedLM(nn.Module):
         InvalidArgument, writing nothing, for a pool that does not fit the model, ids outside
         the vocabulary, a count that is not whole blocks, a position that does not start a
         block or runs past ``max_position_embeddings``, and block ids outside the pool or
-        repeated."""
+        repeated. ``upload``: moves the ids to the pool's device (default ``Tensor.to``; the
+        engine's never queues behind a load's copies: ``runtime.readout.HostUpload``)."""
         cfg = self.config
         self.check_kv_pool(kv_pool)
         B = kv_pool.shape[3]
@@ -411,7 +413,8 @@ class LlamaForPagedLM(nn.Module):
         host = np.empty(n + nb, dtype=np.int64)
         host[:n] = np.frombuffer(ids, dtype=np.uint32)
         host[n:] = np.frombuffer(blocks, dtype=np.uint32)
-        dev = torch.from_numpy(host).to(kv_pool.device)
+        dev = (upload(host) if upload is not None
+               else torch.from_numpy(host).to(kv_pool.device))
         layer = cast("DecoderLayer", self.model.layers[0])
         attn = layer.self_attn
         hk, d = attn.num_kv_heads, attn.head_dim

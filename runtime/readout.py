@@ -1,4 +1,6 @@
-"""Small device-to-host reads that never queue behind a KV save.
+"""Small transfers between host and device that never queue behind a KV copy: device-to-host
+reads behind a save (:class:`HostReadout`), host-to-device uploads behind a load
+(:class:`HostUpload`).
 
 A connector saves a step's pages with one DMA per run on the GPU's device-to-host copy engine
 (``connector.transfer.CudaTransfer.save_pages``): 4 GiB for a 32K-token Llama-3-8B prompt, about
@@ -10,11 +12,18 @@ not the copy engine) writes them into pinned host memory that the device address
 (CUDA's unified addressing maps every pinned allocation), and the host waits on an event of
 the compute stream only.
 
-On the CPU a read is a plain copy.
+Loads are the same the other way: a layer-wise load queues every layer's DMAs host-to-device at
+once (a 32K-token Llama-3-8B hit: 4 GiB, 80 ms), and a copy from pageable memory larger than the
+driver's inline limit (64 KiB) queues behind them -- the token ids of a 16K-token load's first
+layer (``LlamaForPagedLM.write_first_layer_kv``) waited for the whole load that way on the H200.
+:class:`HostUpload` has a kernel read them out of pinned memory instead.
+
+On the CPU a read or an upload is a plain copy.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -85,4 +94,46 @@ class HostReadout:
         return self._host[:n].view(t.dtype).view(t.shape).clone()
 
 
-__all__ = ["HostReadout"]
+class HostUpload:
+    """Uploads small arrays to ``device`` without the copy engines: the array is written into a
+    pinned buffer and a kernel on the current stream copies it out through unified addressing.
+    The buffer is rewritten only after the previous upload's kernel ran. Not thread-safe: one
+    per engine."""
+
+    def __init__(self, device: torch.device | str, nbytes: int = 1 << 16) -> None:
+        self.device = torch.device(device)
+        self._host: torch.Tensor | None = None
+        self._dev: torch.Tensor | None = None
+        self._read: torch.cuda.Event | None = None  # the last upload's kernel has read the buffer
+        if self.device.type == "cuda":
+            self._grow(nbytes)
+
+    def _grow(self, nbytes: int) -> None:
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        dev = torch.as_tensor(_CudaArray(host), device=self.device)
+        if dev.data_ptr() != host.data_ptr():  # no unified addressing: no such view
+            raise RuntimeError("pinned host memory is not addressable from the device")
+        self._host, self._dev = host, dev
+
+    def upload(self, values: np.ndarray) -> torch.Tensor:
+        """A device tensor holding ``values`` (a 1-D numeric array), queued on the current
+        stream."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(np.array(values))
+        n = values.nbytes
+        if self._read is not None:
+            self._read.synchronize()  # long done by the next step's upload
+        if n > self._host.numel():  # type: ignore[union-attr]
+            self._grow(max(n, 2 * self._host.numel()))  # type: ignore[union-attr]
+        assert self._host is not None and self._dev is not None
+        self._host[:n].numpy().view(values.dtype)[:] = values
+        dtype = torch.from_numpy(values[:0]).dtype
+        out = torch.empty(values.shape, dtype=dtype, device=self.device)
+        # an elementwise kernel, never copy_: that would be a cudaMemcpy on a copy engine
+        torch.mul(self._dev[:n].view(dtype), 1, out=out)
+        self._read = torch.cuda.Event()
+        self._read.record(torch.cuda.current_stream(self.device))
+        return out
+
+
+__all__ = ["HostReadout", "HostUpload"]

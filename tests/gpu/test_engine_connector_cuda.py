@@ -24,6 +24,11 @@ from tests.runtime.test_engine_connector import (  # noqa: F401 - collected here
     test_tiny_pool_evicts_to_host_between_requests,
     test_write_through_store_skips_request_save,
 )
+from tests.runtime.test_first_layer import (  # noqa: F401 - collected here on CUDA
+    test_chunks_write_the_same,
+    test_host_hit_copies_layers_one_on,
+    test_written_kv_are_the_forwards,
+)
 
 pytestmark = pytest.mark.gpu
 
