@@ -131,6 +131,9 @@ class Engine:
         K/V of the loaded blocks from their token ids (see the module docstring); needs a
         connector whose worker honours ``LoadSpec.skip_first_layer`` and whose scheduler side
         sets it (the in-process connector's), else loads copy every layer."""
+        if not isinstance(first_layer_from_tokens, bool):
+            raise InvalidArgument(
+                f"first_layer_from_tokens must be a bool, got {first_layer_from_tokens!r}")
         if not isinstance(pool, HBMTier):
             raise InvalidArgument(f"pool must be an HBMTier, got {type(pool).__name__}",
                                   hint="build it with kvstore.tiers.hbm.HBMTier")
@@ -162,7 +165,7 @@ class Engine:
             if hasattr(csched, "skip_first_layer"):
                 # the engine writes layer 0 of every load that skips it (see step); a worker
                 # that copies it anyway would race that write, so it is asked of none other
-                csched.skip_first_layer = bool(first_layer_from_tokens) and worker.skips_first_layer
+                csched.skip_first_layer = first_layer_from_tokens and worker.skips_first_layer
         if load_or_recompute and (
             connector is None or not hasattr(connector[0], "recompute_tokens_per_s")
         ):

@@ -202,3 +202,10 @@ def test_worker_leaves_layer_zero_of_a_skipping_load(model: LlamaForPagedLM) -> 
     assert bool((cache[[3, 5], 0] == 7.0).all())
     worker.close()
     store.close()
+
+
+def test_engine_refuses_a_non_bool_switch(model: LlamaForPagedLM) -> None:
+    layout = model.config.kv_layout(BS)
+    pool = HBMTier("hbm", layout, 8, Metrics(), device=_device(model))
+    with pytest.raises(InvalidArgument, match="first_layer_from_tokens"):
+        Engine(model, pool, Namespace("t", layout), first_layer_from_tokens="no")  # type: ignore[arg-type]
