@@ -240,13 +240,17 @@ class InProcessScheduler(KVConnectorScheduler):
             return LoadMatch(None, False)
         # the run up to the first block a tier faster than host holds (the engine has it)
         tiers, rank = found.tiers, self._rank
-        n = _first_block(tiers, lambda t: rank[t] < self._host)
-        n = self._worth_loading(tiers[:n])
-        if n == 0:
-            if found.lease is not None:
-                self._release(found.lease)
-            return LoadMatch(0, False)
-        load_async = self.async_below_host and any(rank[t] > self._host for t in set(tiers[:n]))
+        if tiers and rank[tiers[0]] == self._host and tiers.count(tiers[0]) == len(tiers):
+            n, load_async = len(tiers), False  # the usual hit, all in host: nothing to weigh
+        else:
+            n = _first_block(tiers, lambda t: rank[t] < self._host)
+            n = self._worth_loading(tiers[:n])
+            if n == 0:
+                if found.lease is not None:
+                    self._release(found.lease)
+                return LoadMatch(0, False)
+            load_async = self.async_below_host and any(rank[t] > self._host
+                                                       for t in set(tiers[:n]))
         lease = found.lease
         if lease is not None and n < found.num_blocks:
             try:  # the rest (held in hbm, or declined) must stay evictable
