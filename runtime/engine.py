@@ -33,7 +33,7 @@ With ``load_or_recompute=True`` it hands every new estimate to the connector's s
 
 The first layer from the tokens: a load copies layers 1.. of its pages only, and the engine
 writes layer 0's K/V of the loaded blocks itself, right after ``start_load_kv`` (the copies are
-queued; the ids went up just before them) and before the forward
+queued) and before the forward
 (``LlamaForPagedLM.prepare_first_layer`` / ``write_first_layer_kv``). Layer 0's K/V depend
 on the token ids alone -- one embedding, norm, K/V projection and RoPE per token, no attention
 -- so the GPU makes them beside the copies, in a fraction of the time their share of the host
@@ -387,9 +387,8 @@ class Engine:
         try:
             if bound:
                 assert conn is not None
-                firsts = self._first_layers(meta.loads)  # uploaded before the copies queue
                 conn.worker.start_load_kv()
-                for write in firsts:  # on the GPU beside the copies
+                for write in self._first_layers(meta.loads):  # on the GPU beside the copies
                     self.model.write_first_layer_kv(self.pool.pool, write)
                 if any(ld.load_async for ld in meta.loads):
                     self._wait_loads()  # loads from below host: waited for in this step
@@ -481,7 +480,8 @@ class Engine:
 
     def _first_layers(self, loads: Sequence[LoadSpec]) -> list[FirstLayerWrite]:
         """The first-layer writes of the loads that do not copy layer 0, their ids uploaded
-        (queued before the loads' copies, never behind them)."""
+        by a kernel (never behind the loads' copies, which are queued by now: anything before
+        them would delay the first)."""
         skipping = [spec for spec in loads if spec.skip_first_layer]
         if not skipping:
             return []

@@ -393,9 +393,9 @@ class LlamaForPagedLM(nn.Module):
         blocks can write that layer itself rather than copy it in: on Llama-3-8B a 16-token
         block's layer is 64 KiB, a microsecond of the host link, against a few hundred
         nanoseconds of matrix products on the GPU beside the copies of the other layers.
-        ``upload``: moves the ids to the pool's device (default ``Tensor.to``); an engine
-        uploads before it queues a load's copies, never behind them (an upload of more than
-        64 KiB from pageable memory waits for the copy engine's queue). Raises
+        ``upload``: moves the ids to the pool's device (default ``Tensor.to``, which from
+        pageable memory queues more than 64 KiB behind a load's queued copies; the engine's
+        reads them with a kernel: ``runtime.readout.HostUpload``). Raises
         InvalidArgument for a pool that does not fit the model, ids outside the vocabulary, a
         count that is not whole blocks, a position that does not start a block or runs past
         ``max_position_embeddings``, and block ids outside the pool or repeated."""
