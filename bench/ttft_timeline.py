@@ -40,6 +40,11 @@ target of 1.1x (1.02-1.05 ms over ``load only``) needs 0.3-0.45 ms less Python o
 about a third of it: spread over some thirty calls of 5-100 us each, a native admission path
 (hash chain, host index lookup, lease and pin in one call) rather than more micro-cuts.
 
+At eff89a7 the loads copy layers 1.. only and the engine writes layer 0's K/V from the tokens
+beside them (``Engine(first_layer_from_tokens=True)``): ``bench.ttft`` gave 11.10 ms against a
+load only of 10.58 (0.953) at 4K, 0.977 at 16K, 0.992 at 32K; four runs of that round on the
+day's hosts ranged 0.876-0.953 at 4K, so the Python above still decides the 4K margin.
+
 Not a recorded bench: it prints, for whoever tunes the hit path (``bench.ttft_profile`` takes
 the no-reuse and hit cases apart by totals)."""
 
