@@ -216,6 +216,7 @@ class FirstLayerWrite:
     num_tokens: int
     first_position: int
     block_size: int
+    num_blocks: int  # the pool's
 
 
 class LayerHooks(Protocol):
@@ -426,14 +427,16 @@ class LlamaForPagedLM(nn.Module):
         host[n:] = np.frombuffer(blocks, dtype=np.uint32)
         dev = (upload(host) if upload is not None
                else torch.from_numpy(host).to(kv_pool.device))
-        return FirstLayerWrite(dev, n, first_position, B)
+        return FirstLayerWrite(dev, n, first_position, B, kv_pool.shape[0])
 
     @torch.inference_mode()
     def write_first_layer_kv(self, kv_pool: torch.Tensor, write: FirstLayerWrite) -> None:
         """Write layer 0's K/V of ``write`` (:meth:`prepare_first_layer`, for this pool) into
         its blocks, as a forward over its tokens would, and nothing else. Queued on the current
         stream (a later forward reading the blocks is ordered after it)."""
-        if kv_pool.shape[3] != write.block_size or write.ids.device != kv_pool.device:
+        self.check_kv_pool(kv_pool)
+        if (kv_pool.shape[3], kv_pool.shape[0], kv_pool.device) != (
+                write.block_size, write.num_blocks, write.ids.device):
             raise InvalidArgument("this write was prepared for another pool",
                                   hint="prepare it with prepare_first_layer for this pool")
         n, B, dev = write.num_tokens, write.block_size, write.ids

@@ -113,11 +113,12 @@ def test_a_write_prepared_for_another_pool_is_refused(model: LlamaForPagedLM) ->
     dev = _device(model)
     pool = allocate_kv_pool(model.config, 8, BS, dev)
     write = model.prepare_first_layer(pool, _tokens(2 * BS), 0, [1, 2])
-    other = allocate_kv_pool(model.config, 8, 2 * BS, dev)  # another block size
-    before = other.clone()
-    with pytest.raises(InvalidArgument, match="another pool"):
-        model.write_first_layer_kv(other, write)
-    assert torch.equal(other, before)
+    for other in (allocate_kv_pool(model.config, 8, 2 * BS, dev),  # another block size
+                  allocate_kv_pool(model.config, 2, BS, dev)):  # too few blocks for its ids
+        before = other.clone()
+        with pytest.raises(InvalidArgument, match="another pool"):
+            model.write_first_layer_kv(other, write)
+        assert torch.equal(other, before)
 
 
 def _engine(model: LlamaForPagedLM, *, first_layer: bool) -> tuple[Engine, HostTier,
