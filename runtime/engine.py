@@ -33,8 +33,7 @@ With ``load_or_recompute=True`` it hands every new estimate to the connector's s
 
 The first layer from the tokens: a load copies layers 1.. of its pages only, and the engine
 writes layer 0's K/V of the loaded blocks itself, right after ``start_load_kv`` (the copies are
-queued) and before the forward
-(``LlamaForPagedLM.prepare_first_layer`` / ``write_first_layer_kv``). Layer 0's K/V depend
+queued) and before the forward (``LlamaForPagedLM.write_first_layer_kv``). Layer 0's K/V depend
 on the token ids alone -- one embedding, norm, K/V projection and RoPE per token, no attention
 -- so the GPU makes them beside the copies, in a fraction of the time their share of the host
 link would take; every later layer's K/V needs the attention of the layer below over the whole
@@ -73,7 +72,7 @@ from kvstore.tiers.slab import SlabSlots
 from runtime.attention import DEFAULT_BACKEND
 from runtime.batch import SeqInput, build_batch, first_bad_id, id_array, int32le
 from runtime.config import get_model_config
-from runtime.model import FirstLayerWrite, LlamaForPagedLM, StepGraphsMode
+from runtime.model import LlamaForPagedLM, StepGraphsMode
 from runtime.request import Request, RequestOutput
 from runtime.readout import HostReadout, HostUpload
 from runtime.sampling import SamplingParams, sample_rows
@@ -388,8 +387,7 @@ class Engine:
             if bound:
                 assert conn is not None
                 conn.worker.start_load_kv()
-                for write in self._first_layers(meta.loads):  # on the GPU beside the copies
-                    self.model.write_first_layer_kv(self.pool.pool, write)
+                self._write_first_layers(meta.loads)  # on the GPU beside the copies
                 if any(ld.load_async for ld in meta.loads):
                     self._wait_loads()  # loads from below host: waited for in this step
             hooks = _ConnectorHooks(conn.worker) if bound and conn is not None else None
@@ -478,23 +476,20 @@ class Engine:
                             num_blocks=self.pool.num_blocks, device=self.pool.device)
         return self.model(batch, self.pool.pool, layer_hooks=hooks)
 
-    def _first_layers(self, loads: Sequence[LoadSpec]) -> list[FirstLayerWrite]:
-        """The first-layer writes of the loads that do not copy layer 0, their ids uploaded
-        by a kernel (never behind the loads' copies, which are queued by now: anything before
-        them would delay the first)."""
+    def _write_first_layers(self, loads: Sequence[LoadSpec]) -> None:
+        """Layer 0's K/V of the blocks of every load that does not copy it, from their tokens
+        (after the loads' copies are queued: anything before them would delay the first; the
+        ids go up by a kernel, never behind those copies)."""
         skipping = [spec for spec in loads if spec.skip_first_layer]
         if not skipping:
-            return []
+            return
         by_id = {req.connector_id: req for req in self.scheduler.loading}
         B = self.pool.layout.block_size
-        writes = []
         for spec in skipping:
             req = by_id[spec.request_id]
             start, stop = req.load_start * B, (req.load_start + len(spec.block_ids)) * B
-            writes.append(self.model.prepare_first_layer(
-                self.pool.pool, req.token_ids[start:stop], start, spec.block_ids,
-                upload=self._upload.upload))
-        return writes
+            self.model.write_first_layer_kv(self.pool.pool, req.token_ids[start:stop], start,
+                                            spec.block_ids, upload=self._upload.upload)
 
     def _measure_prefill(self, num_tokens: int, elapsed_s: float) -> None:
         sample_tps = num_tokens / max(elapsed_s, 1e-9)

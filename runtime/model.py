@@ -15,10 +15,8 @@ the caller owns the pool and the block tables (see :mod:`runtime.batch`).
 
 from __future__ import annotations
 
-import array
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
@@ -207,18 +205,6 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-@dataclass(frozen=True)
-class FirstLayerWrite:
-    """Layer 0's K/V to write into a pool (:meth:`LlamaForPagedLM.prepare_first_layer`):
-    ``ids`` holds the ``num_tokens`` token ids, then the block ids, on the pool's device."""
-
-    ids: torch.Tensor
-    num_tokens: int
-    first_position: int
-    block_size: int
-    num_blocks: int  # the pool's
-
-
 class LayerHooks(Protocol):
     """Per-layer callbacks around each decoder layer's attention (see :meth:`LlamaForPagedLM.forward`)."""
 
@@ -383,13 +369,14 @@ class LlamaForPagedLM(nn.Module):
     #: float32 norm of the whole prefix at once would take ~1.5 GB on Llama-3-8B).
     FIRST_LAYER_CHUNK = 8192
 
-    def prepare_first_layer(self, kv_pool: torch.Tensor, token_ids: Sequence[int],
-                            first_position: int, block_ids: Sequence[int], *,
-                            upload: Callable[[np.ndarray], torch.Tensor] | None = None,
-                            ) -> FirstLayerWrite:
-        """Check and upload what :meth:`write_first_layer_kv` writes: layer 0's K/V of
-        ``token_ids`` -- whole blocks at positions ``first_position`` on, block ``i`` of them
-        into pool block ``block_ids[i]``. Layer 0's K/V depend on the token ids and positions
+    @torch.inference_mode()
+    def write_first_layer_kv(self, kv_pool: torch.Tensor, token_ids: Sequence[int],
+                             first_position: int, block_ids: Sequence[int], *,
+                             upload: Callable[[np.ndarray], torch.Tensor] | None = None) -> None:
+        """Write layer 0's K/V of ``token_ids`` -- whole blocks at positions ``first_position``
+        on, block ``i`` of them into pool block ``block_ids[i]`` -- as a forward over them
+        would, and nothing else; queued on the current stream (a later forward reading the
+        blocks is ordered after it). Layer 0's K/V depend on the token ids and positions
         alone (an embedding, a norm, two projections and RoPE), so an engine loading cached
         blocks can write that layer itself rather than copy it in: on Llama-3-8B a 16-token
         block's layer is 64 KiB, a microsecond of the host link, against a few hundred
@@ -399,7 +386,8 @@ class LlamaForPagedLM(nn.Module):
         reads them with a kernel: ``runtime.readout.HostUpload``). Raises
         InvalidArgument for a pool that does not fit the model, ids outside the vocabulary, a
         count that is not whole blocks, a position that does not start a block or runs past
-        ``max_position_embeddings``, and block ids outside the pool or repeated."""
+        ``max_position_embeddings``, and block ids outside the pool or repeated, writing
+        nothing."""
         cfg = self.config
         self.check_kv_pool(kv_pool)
         B = kv_pool.shape[3]
@@ -413,11 +401,13 @@ class LlamaForPagedLM(nn.Module):
             raise InvalidArgument(
                 f"first_position {first_position!r} must be a multiple of {B} >= 0 with "
                 f"{n} tokens after it within max_position_embeddings={cfg.max_position_embeddings}")
-        ids = id_array(token_ids, cfg.vocab_size) if n else array.array("I")
+        if not n:
+            return
+        ids = id_array(token_ids, cfg.vocab_size)
         if ids is None:
             raise InvalidArgument(f"token id {first_bad_id(list(token_ids), cfg.vocab_size)!r} is "
                                   f"outside [0, {cfg.vocab_size})")
-        blocks = id_array(block_ids, kv_pool.shape[0]) if nb else array.array("I")
+        blocks = id_array(block_ids, kv_pool.shape[0])
         if blocks is None or len(set(blocks)) != nb:
             raise InvalidArgument(f"block ids must be distinct and in [0, {kv_pool.shape[0]})",
                                   hint="pass blocks of this pool, each once")
@@ -427,27 +417,13 @@ class LlamaForPagedLM(nn.Module):
         host[n:] = np.frombuffer(blocks, dtype=np.uint32)
         dev = (upload(host) if upload is not None
                else torch.from_numpy(host).to(kv_pool.device))
-        return FirstLayerWrite(dev, n, first_position, B, kv_pool.shape[0])
-
-    @torch.inference_mode()
-    def write_first_layer_kv(self, kv_pool: torch.Tensor, write: FirstLayerWrite) -> None:
-        """Write layer 0's K/V of ``write`` (:meth:`prepare_first_layer`, for this pool) into
-        its blocks, as a forward over its tokens would, and nothing else. Queued on the current
-        stream (a later forward reading the blocks is ordered after it)."""
-        self.check_kv_pool(kv_pool)
-        if (kv_pool.shape[3], kv_pool.shape[0], kv_pool.device) != (
-                write.block_size, write.num_blocks, write.ids.device):
-            raise InvalidArgument("this write was prepared for another pool",
-                                  hint="prepare it with prepare_first_layer for this pool")
-        n, B, dev = write.num_tokens, write.block_size, write.ids
         layer = cast("DecoderLayer", self.model.layers[0])
         attn = layer.self_attn
         hk, d = attn.num_kv_heads, attn.head_dim
         step = max(B, self.FIRST_LAYER_CHUNK // B * B)
         for a in range(0, n, step):
             t = min(step, n - a)
-            pos = torch.arange(write.first_position + a, write.first_position + a + t,
-                               device=kv_pool.device)
+            pos = torch.arange(first_position + a, first_position + a + t, device=kv_pool.device)
             cos, sin = self._rope_tables(pos)
             x = layer.input_layernorm(self.model.embed_tokens(dev[a: a + t]))
             k = apply_rope(attn.k_proj(x).view(t, hk, d), cos, sin)

@@ -15,7 +15,7 @@ the compute stream only.
 Loads are the same the other way: a layer-wise load queues every layer's DMAs host-to-device at
 once (a 32K-token Llama-3-8B hit: 4 GiB, 80 ms), and a copy from pageable memory larger than the
 driver's inline limit (64 KiB) queues behind them -- the token ids of a 16K-token load's first
-layer (``LlamaForPagedLM.prepare_first_layer``) waited for the whole load that way on the H200.
+layer (``LlamaForPagedLM.write_first_layer_kv``) waited for the whole load that way on the H200.
 :class:`HostUpload` has a kernel read them out of pinned memory instead: no copy engine's queue
 stands in front of them. (Uploading before the load's copies are queued put the upload ahead of
 the first copy: a 4K-token hit's critical path.)

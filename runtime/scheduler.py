@@ -215,10 +215,7 @@ class Scheduler:
                     ntok = len(loaded) * self.block_size
                     self.connector.scheduler.update_state_after_alloc(
                         req.connector_id, loaded, ntok)
-                    lt = req.load_tiers  # the usual hit is in one tier: one count in C
-                    per_tier = ({lt[0]: len(lt)} if lt.count(lt[0]) == len(lt)
-                                else Counter(lt))
-                    for tier, blocks in per_tier.items():
+                    for tier, blocks in Counter(req.load_tiers).items():  # per tier, in C
                         req.num_tokens_reused[tier] = (req.num_tokens_reused.get(tier, 0)
                                                        + blocks * self.block_size)
                     self.num_tokens_loaded += ntok

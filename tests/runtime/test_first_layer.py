@@ -1,6 +1,5 @@
 """Layer 0 from the tokens: a load copies layers 1.. of its pages, the engine writes layer 0's
-K/V of the loaded blocks itself (``LlamaForPagedLM.prepare_first_layer`` and
-``write_first_layer_kv``). The written K/V are
+K/V of the loaded blocks itself (``LlamaForPagedLM.write_first_layer_kv``). The written K/V are
 the ones a forward writes; the copy never touches layer 0 (it would race the write); greedy
 outputs are the same with it on and off; bad input to the model's method changes nothing."""
 
@@ -42,11 +41,6 @@ def _tokens(n: int, seed: int = 0) -> list[int]:
     return [rng.randrange(3, 512) for _ in range(n)]
 
 
-def _write(model: LlamaForPagedLM, pool: torch.Tensor, ids: list[int], pos: int,
-           blocks: list[int]) -> None:
-    model.write_first_layer_kv(pool, model.prepare_first_layer(pool, ids, pos, blocks))
-
-
 def test_written_kv_are_the_forwards(model: LlamaForPagedLM) -> None:
     """Blocks 2..4 of a prompt written from their tokens hold the layer-0 K/V a forward over the
     whole prompt wrote for them; no other layer, block or K/V slot changes."""
@@ -60,7 +54,7 @@ def test_written_kv_are_the_forwards(model: LlamaForPagedLM) -> None:
     want = pool[[12, 0, 7], 0].clone()
     fresh = [5, 14, 1]
     before = pool.clone()
-    _write(model, pool, ids[2 * BS:], 2 * BS, fresh)
+    model.write_first_layer_kv(pool, ids[2 * BS:], 2 * BS, fresh)
     torch.testing.assert_close(pool[fresh, 0], want, rtol=1e-5, atol=1e-6)
     changed = (pool != before).flatten(1).any(dim=1).nonzero().flatten().tolist()
     assert changed == sorted(fresh)
@@ -73,10 +67,10 @@ def test_chunks_write_the_same(model: LlamaForPagedLM, monkeypatch: pytest.Monke
     ids = _tokens(6 * BS, seed=1)
     blocks = [4, 2, 9, 11, 0, 6]
     whole = allocate_kv_pool(model.config, 12, BS, dev)
-    _write(model, whole, ids, BS, blocks)
+    model.write_first_layer_kv(whole, ids, BS, blocks)
     monkeypatch.setattr(LlamaForPagedLM, "FIRST_LAYER_CHUNK", 2 * BS + 5)  # 2 blocks a pass
     parts = allocate_kv_pool(model.config, 12, BS, dev)
-    _write(model, parts, ids, BS, blocks)
+    model.write_first_layer_kv(parts, ids, BS, blocks)
     torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-6)
 
 
@@ -105,20 +99,8 @@ def test_bad_input_changes_nothing(model: LlamaForPagedLM, case: str) -> None:
         target = allocate_kv_pool(model.config, 8, BS, dev).float()[:, :1]
     before = target.clone()
     with pytest.raises(InvalidArgument):
-        _write(model, target, ids, pos, blocks)
+        model.write_first_layer_kv(target, ids, pos, blocks)
     assert torch.equal(target, before)
-
-
-def test_a_write_prepared_for_another_pool_is_refused(model: LlamaForPagedLM) -> None:
-    dev = _device(model)
-    pool = allocate_kv_pool(model.config, 8, BS, dev)
-    write = model.prepare_first_layer(pool, _tokens(2 * BS), 0, [1, 2])
-    for other in (allocate_kv_pool(model.config, 8, 2 * BS, dev),  # another block size
-                  allocate_kv_pool(model.config, 2, BS, dev)):  # too few blocks for its ids
-        before = other.clone()
-        with pytest.raises(InvalidArgument, match="another pool"):
-            model.write_first_layer_kv(other, write)
-        assert torch.equal(other, before)
 
 
 def _engine(model: LlamaForPagedLM, *, first_layer: bool) -> tuple[Engine, HostTier,
