@@ -488,7 +488,9 @@ class KVStoreConnectorStats(KVConnectorStats):
     :meth:`KVStoreVLLMStats.counters`); sums when aggregated."""
 
     def reset(self) -> None:
-        self.data = {}
+        # annotated through a local: without vLLM the base class is Any and mypy infers from this
+        empty: dict[str, int | float] = {}
+        self.data = empty
 
     def aggregate(self, other: KVConnectorStats) -> KVStoreConnectorStats:
         for k, v in other.data.items():

@@ -45,15 +45,16 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from kvstore.errors import ConfigError, KVStoreError
+from kvstore.errors import ConfigError
 from kvstore.layout import DTYPE_SIZES, KVLayout
 from kvstore.sizes import Size, format_size
 from kvstore.tiers import tier_config_models
 from kvstore.tiers.config_base import Strict, TierConfigBase
-from kvstore.tiers.disk_config import DiskTierConfig
-from kvstore.tiers.hbm_config import HBMTierConfig
+# the tier models are re-exported: a config is written against this module alone
+from kvstore.tiers.disk_config import DiskTierConfig as DiskTierConfig
+from kvstore.tiers.hbm_config import HBMTierConfig as HBMTierConfig
 from kvstore.tiers.host_config import HostTierConfig
-from kvstore.tiers.redis_config import RedisTierConfig
+from kvstore.tiers.redis_config import RedisTierConfig as RedisTierConfig
 
 DType = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"]
 assert set(DType.__args__) == set(DTYPE_SIZES)  # type: ignore[attr-defined]
@@ -171,6 +172,8 @@ class DaemonConfig(Strict):
     max_keys_per_call: PositiveInt = 1 << 16
     max_handles_per_session: PositiveInt = 4096
     max_sessions: PositiveInt = 256
+    max_watchers: PositiveInt = Field(
+        64, description="WatchEvents streams open at once (each holds a handler thread)")
     namespace_quota: Size | None = Field(
         None, description="bytes of the staging tier one namespace may hold; None: no quota")
     drain_timeout_s: PositiveFloat = Field(10.0, description="SIGTERM: wait this long for calls")
@@ -190,12 +193,15 @@ class DaemonConfig(Strict):
 
 class AdminConfig(Strict):
     """The admin REST API and dashboard of ``kvstore serve`` (``server.admin``). It runs when
-    ``token`` is set (``KVSTORE_ADMIN__TOKEN``); every route but ``/healthz`` needs it."""
+    ``token`` is set (``KVSTORE_ADMIN__TOKEN``); every route but ``/healthz`` and ``/readyz``
+    needs it, checked before any request body is read."""
 
     listen: str = Field("127.0.0.1:8470", pattern=r"^\[?[0-9A-Za-z.:-]+\]?:[0-9]{1,5}$",
                         description="host:port; loopback unless you set another address")
     token: SecretStr | None = Field(None, description="bearer token of the admin API (never printed)")
     sample_interval_s: PositiveFloat = Field(2.0, le=60, description="stats sampling period")
+    max_body_bytes: Size = Field(ByteSize(8 << 20), ge=1024, description=(
+        "the largest request body (a lookup of a 1M-token prompt fits 8 MiB); larger: 413"))
 
 
 class KVStoreConfig(BaseSettings):

@@ -24,10 +24,21 @@ the codec named in ``flags``). All integers little-endian::
                                    the payload
 
 Reading verifies everything against what was asked for: magic, version, header checksum, the
-namespace, layout and key asked for, that ``key == xxh3_128(parent || tokens)``, the payload
-length, and the MAC (the payload checksum only when the MAC fails, to name the failure). Any mismatch raises :class:`RecordError` with a ``reason``
-that tiers count; a tier turns it into a miss. Nothing beyond this fixed header is ever
-deserialised.
+layout, the payload length and the MAC (the payload checksum only when the MAC fails, to name
+the failure), then the namespace and key asked for and that ``key == xxh3_128(parent ||
+tokens)``. Any mismatch raises :class:`RecordError` with a ``reason`` that tiers count; a tier
+turns it into a miss. Nothing beyond this fixed header is ever deserialised.
+
+No decision uses a header field before the MAC has authenticated it: the identity fields
+(namespace, key, parent, tokens) are read only after :func:`verify_payload` passed
+(:func:`decode_record` shows the order). Before it, only what describes the bytes themselves
+(magic, version, sizes, layout, codec) is looked at, and a mismatch there only classes the
+value as damaged or another layout's -- never as some namespace's page. Whoever can write a
+shared tier but lacks the secret can therefore rewrite a header (say, the namespace, with the
+header checksum recomputed) and get no more than a record that reads as ``mac``: it is no
+namespace's, so a flush of the namespace it claims does not delete the key elsewhere. There is
+no MAC over the header alone: to learn whose a stored record is, a reader reads and verifies
+the whole record (``RedisTier.meta``).
 
 The checksums tell damage from forgery and reject garbage early; only the MAC authenticates.
 A verified read hashes its payload once (the MAC); writes compute both.
@@ -321,13 +332,18 @@ def parse_header(buf: Any, layout: KVLayout) -> RecordHeader:
     )
 
 
-def verify_header(
-    header: RecordHeader, layout: KVLayout, *, namespace_id: bytes, key: bytes
-) -> None:
-    """Check a parsed header's identity against what the caller asked for."""
+def verify_layout(header: RecordHeader, layout: KVLayout) -> None:
+    """Check that a parsed header is of ``layout``. Safe before the MAC: a mismatch only classes
+    the record as another layout's (left for its readers), never as anyone's page."""
     if header.layout_fingerprint != layout.fingerprint:
         raise _fail("layout", "record written for another page layout")
-    if header.namespace_id != namespace_id:
+
+
+def verify_identity(header: RecordHeader, *, namespace_id: bytes | None, key: bytes) -> None:
+    """Check an *authenticated* header's identity (call it after :func:`verify_payload`): the
+    namespace asked for (None: any, the header says whose it is), the key it is stored under,
+    and that the key hashes from its parent and tokens."""
+    if namespace_id is not None and header.namespace_id != namespace_id:
         raise _fail("namespace", "record belongs to another namespace")
     if header.key != key:
         raise _fail("key", "record stored under another key")
@@ -358,14 +374,21 @@ def verify_payload(
 
 
 def decode_record(
-    buf: Any, layout: KVLayout, mac: RecordMac, *, namespace_id: bytes, key: bytes
+    buf: Any, layout: KVLayout, mac: RecordMac, *, namespace_id: bytes | None, key: bytes
 ) -> tuple[RecordHeader, memoryview]:
-    """Verify a whole record (header || payload) held in one buffer; return its stored payload."""
+    """Verify a whole record (header || payload) held in one buffer; return its header, now
+    authenticated, and its stored payload. ``namespace_id``: the namespace asked for, or None
+    for whichever the authenticated header names (to learn whose a record is).
+
+    The order every reader keeps: parse (self-checks), layout, the MAC over header and payload,
+    and only then the identity (namespace, key, chain) -- so no field an attacker without the
+    secret could have rewritten decides anything."""
     view = memoryview(buf).cast("B")
     header = parse_header(view, layout)
-    verify_header(header, layout, namespace_id=namespace_id, key=key)
+    verify_layout(header, layout)
     payload = view[header_bytes(layout) :]
     verify_payload(header, payload, mac)
+    verify_identity(header, namespace_id=namespace_id, key=key)
     return header, payload
 
 
@@ -507,6 +530,7 @@ __all__ = [
     "payload_checksum",
     "payload_digest",
     "usable_cores",
-    "verify_header",
+    "verify_identity",
+    "verify_layout",
     "verify_payload",
 ]

@@ -114,7 +114,7 @@ def test_disk_path_that_is_a_file(tmp_path: Path) -> None:
     proc = kvstore_cli("store-demo", env=tiers_env(f'{{"kind": "disk", "path": "{afile}"}}'))
     assert proc.returncode == 2
     assert proc.stderr == (
-        f"error: disk tier 'disk': cannot use directory {afile}: File exists\n"
+        f"error: disk tier 'disk': cannot use directory {afile}: Not a directory\n"
         "hint: point the disk tier's path at a writable local directory\n"
     )
 
@@ -153,7 +153,7 @@ def test_serve_reports_a_tier_that_fails_to_start_like_every_command(
     taken = kvstore_cli("serve", env={**tiers_env(f'{{"kind": "disk", "path": "{afile}"}}'), **data})
     assert taken.returncode == 2
     assert taken.stderr.endswith(
-        f"error: disk tier 'disk': cannot use directory {afile}: File exists\n"
+        f"error: disk tier 'disk': cannot use directory {afile}: Not a directory\n"
         "hint: point the disk tier's path at a writable local directory\n"
     ), taken.stderr
 

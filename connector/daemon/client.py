@@ -166,6 +166,9 @@ class DaemonStore:
         self._lock = threading.Lock()
         self._open: set[int] = set()  # handle ids issued and not yet completed/aborted
         self._lease_ns: dict[int, bytes] = {}  # lease id -> the namespace that was granted it
+        #: store handle id -> its namespace: a handle that reserved nothing (another save of
+        #: the prefix is writing it) has no block to tell it by
+        self._store_ns: dict[int, bytes] = {}
         self._bandwidth: dict[str, float] = {}
         self._session_id = ""
         self._connected = False
@@ -200,21 +203,48 @@ class DaemonStore:
 
     def _connect(self) -> Any:
         """Open a channel and a session; map (or remap) the slab. Returns the handshake."""
+        deadline = time.monotonic() + self.connect_timeout_s
         channel = grpc.insecure_channel(self.target, options=self._options)
+        timer: threading.Timer | None = None
         try:
             grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
             stub = pb_grpc.KVStoreDaemonStub(channel)
             stream = stub.OpenSession(pb.OpenSessionRequest(), metadata=self._md)
+            # the session stream lives as long as the session, so it takes no deadline; its
+            # handshake does: a channel can be READY (another client of this process holds
+            # the connection) while the daemon is stopped and answers nothing
+            answered = threading.Lock()
+
+            def give_up() -> None:
+                if answered.acquire(blocking=False):  # not once the handshake has arrived
+                    stream.cancel()
+
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), give_up)
+            timer.daemon = True
+            timer.start()
             info = next(stream)
+            if not answered.acquire(blocking=False):  # cancelled as the handshake arrived
+                raise DaemonUnavailable(f"the kvstore daemon at {self.target} did not open a "
+                                        f"session within {self.connect_timeout_s} s")
         except grpc.FutureTimeoutError:
             channel.close()
             raise DaemonUnavailable(f"no kvstore daemon answers at {self.target}") from None
         except grpc.RpcError as err:
             channel.close()
+            if err.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+                raise DaemonUnavailable(
+                    f"the kvstore daemon at {self.target} did not open a session within "
+                    f"{self.connect_timeout_s} s") from None
             raise error_of(err) from None
         except StopIteration:
             channel.close()
             raise DaemonUnavailable(f"the daemon at {self.target} ended the session") from None
+        except DaemonUnavailable:
+            channel.close()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         try:
             if self._slab is None:
                 self._slab = SharedSlab.attach(info.shm_name, info.shm_bytes)
@@ -408,6 +438,13 @@ class DaemonStore:
         except DaemonUnavailable:
             self._failed("lookup")
             return LookupResult(0, ())
+        except QuotaExceeded:  # the session holds its limit of handles and leases: recompute
+            self._failed("quota")
+            return LookupResult(0, ())
+        except LeaseError:  # the daemon ended this session (it may be draining): a new one
+            self._failed("lookup")
+            self._lost()
+            return LookupResult(0, ())
         self._bandwidth = {b.tier: b.bytes_per_s for b in r.bandwidth}
         self._remote_tiers = r.has_remote_tiers
         granted = None
@@ -599,6 +636,7 @@ class DaemonStore:
                                self._slab_view())
         with self._lock:
             self._open.add(r.handle_id)
+            self._store_ns[r.handle_id] = nsid
         return StoreHandle(r.handle_id, self.owner, self._staging,
                            tuple(metas[i] for i in r.block_index), tuple(r.slots), r.existing,
                            r.refused, self._slab_view())
@@ -606,8 +644,6 @@ class DaemonStore:
     def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
         if not handle.id:
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
-        with self._lock:
-            self._open.discard(handle.id)
         req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._ns_of(handle),
                                handle_id=handle.id, ok=ok)
         try:
@@ -620,8 +656,6 @@ class DaemonStore:
     def abort(self, handle: StoreHandle) -> None:
         if not handle.id:
             return
-        with self._lock:
-            self._open.discard(handle.id)
         req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._ns_of(handle),
                                handle_id=handle.id)
         try:
@@ -630,7 +664,16 @@ class DaemonStore:
             self._failed("abort")  # the daemon aborts the session's handles itself
 
     def _ns_of(self, handle: StoreHandle) -> bytes:
-        return handle.metas[0].namespace_id if handle.metas else self._ns(None)
+        """The namespace ``handle`` was prepared under (forgotten: the handle is being ended)."""
+        with self._lock:
+            self._open.discard(handle.id)
+            ns = self._store_ns.pop(handle.id, None)
+        if ns is not None:
+            return ns
+        if handle.metas:
+            return handle.metas[0].namespace_id
+        raise LeaseError(f"store handle {handle.id} is not one this client has open",
+                         hint="a store handle is completed or aborted once")
 
     def prefetch(self, namespace_id: bytes, keys: Sequence[bytes], *,
                  to: str | None = None) -> Future[int]:

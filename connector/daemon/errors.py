@@ -57,8 +57,19 @@ def message_of(exc: BaseException) -> str:
     """What the daemon tells the client: the error and its hint (never a secret: kvstore errors
     never carry one), or a generic line for an unexpected exception (details go to the log)."""
     if isinstance(exc, E.KVStoreError):
-        return str(exc)
+        return _bounded(str(exc))
     return f"internal error ({type(exc).__name__}); see the daemon's log"
+
+
+#: the longest status message sent: it travels as trailing metadata, which gRPC caps (8 KiB
+#: by default, headers included), and an error may quote what a client sent
+MAX_MESSAGE_CHARS = 1024
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[: MAX_MESSAGE_CHARS - 40] + f" ... ({len(text)} characters in all)"
 
 
 #: a status code by its number (the code a stream's message carries, see ``pb.Status``)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from connector.daemon.errors import DaemonUnavailable, error_of_status
@@ -75,12 +76,19 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes | bytearray) -> No
         sock.sendall((header + bytes(payload))[sent:])
 
 
-def _recv_exact(sock: socket.socket, n: int, *, at_start: bool = False) -> bytearray | None:
+def _recv_exact(sock: socket.socket, n: int, *, at_start: bool = False,
+                deadline: float | None = None) -> bytearray | None:
     """``n`` bytes; None when the peer closed the connection before the first one and
-    ``at_start`` (between frames). ConnectionError when it closed mid-frame."""
+    ``at_start`` (between frames). ConnectionError when it closed mid-frame; TimeoutError
+    once ``deadline`` (monotonic) has passed, however the bytes trickle in."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the frame did not arrive in time")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:])
         if k == 0:
             if got == 0 and at_start:
@@ -90,17 +98,19 @@ def _recv_exact(sock: socket.socket, n: int, *, at_start: bool = False) -> bytea
     return buf
 
 
-def recv_frame(sock: socket.socket, limit: int) -> tuple[int, bytearray] | None:
+def recv_frame(sock: socket.socket, limit: int, *,
+               deadline: float | None = None) -> tuple[int, bytearray] | None:
     """The next frame as (kind, payload); None at a clean end of the connection. Raises
     FrameTooLarge (the payload left unread: :func:`discard` it or drop the connection),
-    ConnectionError and OSError (socket.timeout included)."""
-    header = _recv_exact(sock, _HEADER.size, at_start=True)
+    ConnectionError and OSError (socket.timeout included; TimeoutError once ``deadline``, a
+    monotonic time for the whole frame, has passed)."""
+    header = _recv_exact(sock, _HEADER.size, at_start=True, deadline=deadline)
     if header is None:
         return None
     size, kind = _HEADER.unpack(header)
     if size > limit:
         raise FrameTooLarge(size, kind, limit)
-    payload = _recv_exact(sock, size) if size else bytearray()
+    payload = _recv_exact(sock, size, deadline=deadline) if size else bytearray()
     assert payload is not None
     return kind, payload
 

@@ -7,6 +7,12 @@ Files in the tier's directory::
     slots.dat  the slab: capacity_pages fixed-size record slots, preallocated (disk_slab.py)
     index/     the LMDB index, key -> slot, checksum, identity, last access (disk_index.py)
 
+Every directory the tier creates (its own, missing parents, ``index/``) is mode 0700 and every
+file (``LOCK``, ``slots.dat``, LMDB's ``data.mdb`` and ``lock.mdb``) 0600, whatever the
+process umask; an existing directory or file of the tier with other bits (an older version made
+them 0755 / 0644) is tightened when the tier opens it (``disk_io.private_dir``,
+``open_private``).
+
 The slot layout and the vectored I/O are in ``disk_slab.py``: a run of adjacent slots (at most
 ``max_io_bytes``) moves in one ``preadv``/``pwritev`` straight into (out of) the caller's
 buffers when they are 4096-aligned (else through a counted bounce buffer). Runs go to a pool of
@@ -215,7 +221,7 @@ class DiskTier(Tier):
     ) -> None:
         path, layout = self.path, self.layout
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            disk_io.private_dir(path)
             if not os.access(path, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "not writable")
         except OSError as exc:

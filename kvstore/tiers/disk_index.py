@@ -1,6 +1,7 @@
 """The disk tier's LMDB index: key -> slot, payload checksum, identity, last access.
 
-One LMDB environment in ``<dir>/index/`` with two named databases:
+One LMDB environment in ``<dir>/index/`` (mode 0700; ``data.mdb`` and ``lock.mdb`` 0600,
+whatever the umask) with two named databases:
 
 * ``pages``: 16-byte block key -> :data:`_VALUE` + the block's token ids (int32le)::
 
@@ -63,10 +64,12 @@ import xxhash
 
 from kvstore.errors import ConfigError, TierUnavailable
 from kvstore.keys import KEY_BYTES, BlockMeta
-from kvstore.tiers.disk_io import reserve_beyond_eof
+from kvstore.tiers.disk_io import FILE_MODE, private_dir, reserve_beyond_eof, tighten
 
 log = logging.getLogger("kvstore.tiers.disk")
 
+#: The files LMDB keeps in the index directory (mode 0600, as the directory is 0700).
+_FILES = ("data.mdb", "lock.mdb")
 _VALUE = struct.Struct("<QQ16s8s16sQd")
 assert _VALUE.size == 72
 _CHECK_TIMEOUT_S = 300.0
@@ -86,7 +89,8 @@ sys.path[:0] = [p for p in sys.argv[2:] if p]
 import lmdb
 probe = b"kvstore-index-check"
 try:
-    env = lmdb.open(sys.argv[1], lock=False, max_dbs=4, subdir=True, map_size=1 << 40)
+    env = lmdb.open(sys.argv[1], lock=False, max_dbs=4, subdir=True, map_size=1 << 40,
+                    mode=0o600)
     with env.begin() as txn:
         names = [bytes(k) for k, _ in txn.cursor()]
         dbs = [env.open_db(name, txn=txn, create=False) for name in names]
@@ -218,7 +222,7 @@ class DiskIndex:
             ) from exc
 
     def _open_and_scan(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path)
         self.env = lmdb.open(
             str(self.path),
             map_size=self.map_size,
@@ -229,7 +233,12 @@ class DiskIndex:
             writemap=False,  # a sparse writable map turns ENOSPC into SIGBUS
             readahead=False,
             lock=True,
+            create=True,
+            mode=FILE_MODE,  # data.mdb and lock.mdb (LMDB creates both with it)
         )
+        for name in _FILES:  # an older version's files (0644): ours, made private
+            if (self.path / name).exists():
+                tighten(self.path / name, FILE_MODE)
         self._meta_db = self.env.open_db(b"meta")
         self._pages = self.env.open_db(b"pages")
         with self.env.begin(write=True) as txn:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ import numpy as np
 
 #: Alignment of slot offsets, of O_DIRECT buffer addresses and of their lengths.
 from kvstore.buffers import ALIGN, aligned_empty
+
+log = logging.getLogger("kvstore.tiers.disk")
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
@@ -34,6 +38,66 @@ NETWORK_FILESYSTEMS = frozenset(
         "fuse.cephfs", "fuse.ceph-fuse", "fuse.juicefs", "fuse.goofys", "fuse.davfs",
     }
 )  # fmt: skip
+
+
+#: Mode of every directory the disk tier creates: only the daemon's user may open it. The
+#: directory is inside the records' trust boundary (DESIGN.md, Security): nobody else may read
+#: its pages or plant records there. Set explicitly, whatever the process umask.
+DIR_MODE = 0o700
+#: Mode of every file the disk tier creates (slab, lock file, the LMDB index and its lock).
+FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> None:
+    """Make ``path`` a directory only its owner can open: create it, and each missing parent,
+    with mode :data:`DIR_MODE` whatever the umask; tighten an existing ``path`` (one an older
+    version made 0755) with :func:`tighten`. A parent that exists already is not ours and is
+    left as it is. Raises OSError when ``path`` cannot be made, or is not a directory."""
+    path = Path(path)
+    missing: list[Path] = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:  # made meanwhile by someone else: not ours (``path``: below)
+            continue
+        os.chmod(d, DIR_MODE)  # the umask may have taken bits off
+    if not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+    tighten(path, DIR_MODE)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open(path, flags | O_CREAT | O_CLOEXEC)`` of a file only its owner can open: created
+    with mode :data:`FILE_MODE` whatever the umask, and an existing one (an older version made
+    0644) tightened with :func:`tighten`. Raises OSError when it cannot be opened."""
+    fd = os.open(path, flags | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        tighten(fd, FILE_MODE, path)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def tighten(target: Path | int, mode: int, name: Path | None = None) -> None:
+    """Set the mode of ``target`` (a path, or an open descriptor of file ``name``) to ``mode``
+    when it has other bits. Where that is not ours to do (another user's file: EPERM) it logs
+    a warning and leaves it: the tier still works, and its reads still verify every record's
+    MAC, but its directory is then not private."""
+    if stat.S_IMODE(os.stat(target).st_mode) == mode:
+        return
+    try:
+        os.chmod(target, mode)
+    except PermissionError:
+        log.warning(
+            "disk tier: %s has other permission bits than %o and is not ours to change: other "
+            "users may read its pages; give the daemon's user a directory of its own",
+            name if name is not None else target, mode,
+        )
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -285,6 +349,8 @@ def is_network_filesystem(fstype: str) -> bool:
 
 __all__ = [
     "ALIGN",
+    "DIR_MODE",
+    "FILE_MODE",
     "IOV_MAX",
     "NETWORK_FILESYSTEMS",
     "O_DIRECT",
@@ -296,10 +362,13 @@ __all__ = [
     "free_bytes",
     "is_aligned",
     "is_network_filesystem",
+    "open_private",
     "preadv_all",
     "preallocate",
     "probe_o_direct",
+    "private_dir",
     "pwritev_all",
     "reserve_beyond_eof",
     "round_up",
+    "tighten",
 ]

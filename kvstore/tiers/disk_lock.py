@@ -1,5 +1,5 @@
 """The disk tier's directory lock: ``<dir>/LOCK``, an exclusive flock held while a tier has the
-directory open, whose text is the owner's pid (for the message another opener gets).
+directory open, whose text is the owner's pid (for the message another opener gets); mode 0600.
 
 The flock belongs to the descriptor: one left open by a failed start would keep the directory
 locked until the process ends ("already open (by process ?)"), so every error path closes it.
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from kvstore.errors import ConfigError, KVStoreError, TierUnavailable
-from kvstore.tiers.disk_io import SPACE_ERRNOS, describe
+from kvstore.tiers.disk_io import SPACE_ERRNOS, describe, open_private
 
 
 def lock_directory(path: Path) -> int:
@@ -21,7 +21,7 @@ def lock_directory(path: Path) -> int:
     error closes the descriptor (an open one would hold the flock until the process ends)."""
     lock_path = path / "LOCK"
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = open_private(lock_path, os.O_RDWR)
     except OSError as exc:
         raise _lock_error(path, exc) from None
     try:

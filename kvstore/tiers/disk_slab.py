@@ -40,7 +40,8 @@ from kvstore.record import (
     pack_header,
     parse_header,
     payload_checksum,
-    verify_header,
+    verify_identity,
+    verify_layout,
     verify_payload,
 )
 from kvstore.tiers import disk_io
@@ -96,9 +97,10 @@ class Slab:
         self.fd = -1
 
     def open(self, preallocate: bool) -> str | None:
-        """Open (creating) the file and size it to ``nbytes``; return a warning, or None."""
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self.fd = os.open(self.path, flags | (disk_io.O_DIRECT if self.o_direct else 0), 0o644)
+        """Open (creating, mode 0600) the file and size it to ``nbytes``; return a warning, or
+        None."""
+        flags = os.O_RDWR | (disk_io.O_DIRECT if self.o_direct else 0)
+        self.fd = disk_io.open_private(self.path, flags)
         size = os.fstat(self.fd).st_size
         try:
             if size > self.nbytes:  # capacity shrank; the tier dropped entries past the end
@@ -258,10 +260,11 @@ class Slab:
         items: Sequence[tuple[bytes, int, np.ndarray]],
     ) -> list[str | None]:
         """Verify the records :meth:`read_run` returned, ``items`` being ``(key, checksum, out)``:
-        each header against the key and namespace asked for and against the index's payload
-        ``checksum``, each payload against its header (checksum and MAC). Per item: None (``out`` holds the page) or
-        the reason it failed."""
-        H, page = self.hdr_region, self.layout.page_bytes
+        each header's layout and codec, each payload against its header (length, MAC: now the
+        header is authenticated), then the header against the key and namespace asked for and
+        against the index's payload ``checksum`` (``record.decode_record``'s order). Per item:
+        None (``out`` holds the page) or the reason it failed."""
+        H = self.hdr_region
         results: list[str | None] = []
         for j, (key, csum, out) in enumerate(items):
             if got < (j + 1) * self.slot_bytes:
@@ -269,14 +272,13 @@ class Slab:
                 continue
             try:
                 head = parse_header(hdr[j * H : (j + 1) * H], self.layout)
-                verify_header(head, self.layout, namespace_id=namespace_id, key=key)
+                verify_layout(head, self.layout)
                 if head.codec != 0:
                     raise RecordError(f"unsupported payload codec {head.codec}", reason="codec")
-                if head.payload_bytes != page:
-                    raise RecordError(f"payload of {head.payload_bytes} bytes", reason="length")
+                verify_payload(head, out, self.mac)
+                verify_identity(head, namespace_id=namespace_id, key=key)
                 if head.payload_checksum != csum:
                     raise RecordError("record differs from the index", reason="payload_checksum")
-                verify_payload(head, out, self.mac)
             except RecordError as exc:
                 results.append(exc.reason)
             else:

@@ -23,6 +23,11 @@ Guarantees
       codec this process lacks) is left for the nodes that can use it — also when its size is
       impossible for this layout: such a value is classed by its header, never by its size
       alone. Nothing past the fixed header is ever deserialised; there is no pickle.
+    * **Authenticated before used** — a header's identity (namespace, key, parent, tokens) is
+      looked at only after the record's MAC verified (``record.decode_record``'s order). A
+      header that someone without the secret rewrote -- say, to name another namespace, with
+      the header checksum recomputed -- is a ``mac`` failure (damage: deleted), belongs to no
+      namespace, and no ``meta``, flush or promotion ever acts on what it says.
     * **Foreign records do not block owners** — ``contains`` is one EXISTS per key, so it cannot
       tell a page from a foreign value under the same name. A key whose value failed
       verification on a read of this instance is therefore answered absent by ``contains``
@@ -72,7 +77,12 @@ Capacity and state
     them all into this node's policy at start would both cost a scan of the whole cluster and
     let this node evict other nodes' pages. Bound the shared cache with ``ttl_s`` and/or the
     server's ``maxmemory`` + ``maxmemory-policy allkeys-lru``. ``meta(key)`` answers from a
-    bounded cache of recently read or written headers, else with one GETRANGE of the header.
+    bounded cache of recently read or written headers, else with one GET of the whole record,
+    verified like a read: a header is authenticated only with its payload (the MAC covers
+    both), and ``meta`` is what flushes, promotions and policies decide by, so it never
+    answers from an unauthenticated header. (A flush of a namespace therefore reads every
+    record of the shared cache that this node has not cached: a page's bytes each, where a
+    header would be ~``132 + 4 * block_size``.)
     Memory: Redis (jemalloc) stores a 2 MiB page plus its header — as it would a raw 2 MiB
     value — in a 2.5 MiB size class; size ``maxmemory`` with 1.25x per 2 MiB page.
 
@@ -120,13 +130,15 @@ from kvstore.metrics import Metrics
 from kvstore.record import (
     MacJobs,
     RecordMac,
+    decode_record,
     default_mac_threads,
     encode_header,
     header_bytes,
     mac_jobs,
     parse_header,
     payload_digest,
-    verify_header,
+    verify_identity,
+    verify_layout,
     verify_payload,
 )
 from kvstore.tiers.base import Tier
@@ -382,7 +394,7 @@ class RedisTier(Tier):
                 io.read_into(hdr_mv[:got])
                 io.skip(n - got)
                 io.expect_crlf()
-                self._check_size(hdr_mv[:got], n, namespace_id, keys[i], bad)
+                self._check_size(hdr_mv[:got], n, keys[i], bad)
             return False
 
         jobs = mac_jobs(len(keys), self.mac_threads)
@@ -479,6 +491,13 @@ class RedisTier(Tier):
         return sum(counts)
 
     def _meta(self, key: bytes) -> BlockMeta | None:
+        """The identity of ``key``'s page, authenticated: from the cache of headers this
+        instance wrote or verified, else by reading the whole record and verifying its MAC (a
+        header cannot be authenticated without its payload). Whoever decides by it -- a flush
+        of a namespace, a promotion, a policy's parent -- so never trusts a header that someone
+        without the secret rewrote: that reads as no namespace's page (None), is counted under
+        its reason (``mac``), and the damaged value is deleted like on a read. A value that is
+        merely foreign (another layout's or version's, an unknown codec) is None and left."""
         with self._lock:
             if key in self._rejected:
                 return None
@@ -487,32 +506,57 @@ class RedisTier(Tier):
                 self._metas.move_to_end(key)
                 return meta
         name = self._name(key)
-        got: list[Any] = [None]
+        got: list[Any] = [None]  # the record, or (the value's size, its first bytes), or a reason
+        max_len = self._hb + self.layout.page_bytes + self.layout.page_bytes // 64 + 4096
 
         def handle(io: RespIO, i: int) -> bool:
-            got[0] = io.read_reply()
-            return isinstance(got[0], ReplyError) and self._is_moved(got[0])
+            n = io.read_bulk_len()
+            if isinstance(n, ReplyError):
+                if n.prefix == "WRONGTYPE":  # not a string under our prefix, as a read sees it
+                    got[0] = "magic"
+                    return False
+                return self._is_moved(n)
+            if n < 0:
+                return False
+            if self._hb <= n <= max_len:  # a record of this layout has such a size
+                rec = bytearray(n)
+                io.read_into(memoryview(rec))
+                got[0] = rec
+            else:  # none has: its header says whose it is (as a read classes it)
+                head = bytearray(min(n, self._hb))
+                io.read_into(memoryview(head))
+                io.skip(n - len(head))
+                got[0] = (n, head)
+            io.expect_crlf()
+            return False
 
-        end = b"%d" % (self._hb - 1)
         try:
-            self._call("contains", [name], lambda i: (command(b"GETRANGE", name, b"0", end),),
-                        handle)
+            self._call("contains", [name], lambda i: (command(b"GET", name),), handle,
+                       nbytes=max_len)
         except TierUnavailable:
             return None
-        data = got[0]
-        if not isinstance(data, bytes) or len(data) < self._hb:
+        value = got[0]
+        if value is None:  # gone
             return None
-        try:
-            header = parse_header(data, self.layout)
-        except RecordError:
-            return None
-        meta = header.meta()
-        if header.key != key or header.layout_fingerprint != self.layout.fingerprint:
-            return None
-        if not meta.verify_chain():
-            return None
-        self._remember([meta])
-        return meta
+        if isinstance(value, str):
+            reason = value
+        elif isinstance(value, tuple):
+            reason = _size_reason(value[1], value[0], self.layout)
+        else:
+            try:
+                header, _ = decode_record(value, self.layout, self._mac, namespace_id=None,
+                                          key=key)
+            except RecordError as exc:
+                reason = exc.reason
+            else:
+                meta = header.meta()
+                self._remember([meta])
+                return meta
+        if reason in _DAMAGED:  # a merely foreign value is not ours to count or judge
+            bad: dict[bytes, bool] = {}
+            self._bad(key, reason, bad)
+            self._reject(bad)
+        return None
 
     def _keys(self) -> Iterator[bytes]:
         return iter(())  # a shared cache's keys are not this node's; see the module docstring
@@ -698,10 +742,11 @@ class RedisTier(Tier):
         its header; ``digest`` the MAC's hasher (``record.payload_digest``) that the page was fed
         to as it arrived, or None to hash it here (on the MAC pool). Raises RecordError."""
         header = parse_header(hdr, self.layout)
-        verify_header(header, self.layout, namespace_id=ns, key=key)
+        verify_layout(header, self.layout)
         if header.codec:
             raise RecordError(f"a page-sized payload of codec {header.codec}", reason="length")
         verify_payload(header, out, self._mac, digest)
+        verify_identity(header, namespace_id=ns, key=key)  # authenticated by now
         return header.meta()
 
     def _verify_slow(self, rec: bytearray, out: np.ndarray, ns: bytes, key: bytes) -> BlockMeta:
@@ -709,10 +754,7 @@ class RedisTier(Tier):
         Raises RecordError."""
         view = memoryview(rec)
         page_bytes = self.layout.page_bytes
-        header = parse_header(view, self.layout)
-        verify_header(header, self.layout, namespace_id=ns, key=key)
-        payload = view[self._hb :]
-        verify_payload(header, payload, self._mac)
+        header, payload = decode_record(view, self.layout, self._mac, namespace_id=ns, key=key)
         if header.codec == 0:
             raise RecordError("raw payload of the wrong size", reason="length")
         if header.codec != CODEC_ZSTD or self._zstd is None:
@@ -726,20 +768,18 @@ class RedisTier(Tier):
         out[:] = np.frombuffer(data, np.uint8)
         return header.meta()
 
-    def _check_size(
-        self, hdr: memoryview, n: int, ns: bytes, key: bytes, bad: dict[bytes, bool]
-    ) -> None:
+    def _check_size(self, hdr: memoryview, n: int, key: bytes, bad: dict[bytes, bool]) -> None:
         """Classify a value of ``n`` bytes, a size no record of this layout has, by its header
-        (``hdr``, its first bytes): another layout's, version's or namespace's well-formed
-        record is left for its owner; anything else is damage."""
-        try:
-            header = parse_header(hdr, self.layout)
-            verify_header(header, self.layout, namespace_id=ns, key=key)
-            raise RecordError(f"a {n}-byte value under a record header", reason="length")
-        except RecordError as exc:
-            self._bad(key, exc.reason, bad, hdr)
+        (``hdr``, its first bytes; not authenticated: its payload was not read): another
+        layout's or version's well-formed record is left for its readers; anything else --
+        this layout's header on a value of the wrong size, whatever namespace it names -- is
+        damage."""
+        self._bad(key, _size_reason(hdr, n, self.layout), bad)
 
     def _bad(self, key: bytes, reason: str, bad: dict[bytes, bool], hdr: Any = None) -> None:
+        """Count a value that failed verification and note whether to delete it. ``hdr``: its
+        header, authenticated when ``reason`` is ``namespace`` (the only identity failure
+        that leaves a value alone, and only once the MAC verified it)."""
         self.count_corrupt(reason)
         bad[key] = reason in _DAMAGED or (
             reason == "namespace" and not _genuine(hdr, key, self.layout)
@@ -870,9 +910,21 @@ def _attempt(verify: Any, *args: Any) -> BlockMeta | RecordError:
         return exc
 
 
+def _size_reason(hdr: Any, n: int, layout: KVLayout) -> str:
+    """Why a value of ``n`` bytes, a size no record of ``layout`` has, is not a page, by its
+    first bytes ``hdr``: another layout's or version's reason (left for its readers), else
+    ``length`` (damage)."""
+    try:
+        verify_layout(parse_header(hdr, layout), layout)
+    except RecordError as exc:
+        return exc.reason
+    return "length"
+
+
 def _genuine(hdr: Any, key: bytes, layout: KVLayout) -> bool:
-    """Whether a header that failed the namespace check is nonetheless a self-consistent record
-    of ``key`` (another tenant's page asked for under the wrong namespace: leave it alone)."""
+    """Whether an authenticated header that failed the namespace check is nonetheless a
+    self-consistent record of ``key`` (another tenant's page asked for under the wrong
+    namespace: leave it alone)."""
     if hdr is None:
         return False
     try:

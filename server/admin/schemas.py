@@ -49,7 +49,9 @@ class TierReadiness(_Out):
 
 class Readiness(_Out):
     ready: bool
-    tiers: list[TierReadiness]
+    tiers: list[TierReadiness] | None = Field(
+        None, description="each tier's state; only to a client that sent the token (absent "
+                          "otherwise)")
 
 
 class Misses(_Out):
@@ -253,5 +255,7 @@ class PolicyOut(_Out):
 ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorOut, "description": what}
     for code, what in ((400, "bad input"), (401, "missing or wrong token"),
-                       (404, "no such resource"), (503, "the store cannot serve"))
+                       (404, "no such resource"),
+                       (413, "the request body is over the limit (max_body_bytes)"),
+                       (503, "the store cannot serve"))
 }

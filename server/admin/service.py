@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore.errors import InvalidArgument, KVStoreError, LeaseError
+from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.keys import Namespace
 from kvstore.metrics import TierStats
 from kvstore.namespace_stats import NamespaceCounts
@@ -34,6 +34,14 @@ FLUSH_BATCH = 256
 _LAT_OPS = ("read", "write", "contains", "delete")
 _TOP_NAMESPACES = 20
 _JOBS_KEPT = 32
+
+
+class NotFound(KVStoreError):
+    """A resource the request names (a tier, a flush job) does not exist. The admin API's own:
+    the store's calls raise InvalidArgument for an unknown tier, a library caller's misuse; to
+    a REST client it is a missing resource. (Its place is kvstore/errors.py, beside the others.)"""
+
+    http_status = 404
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,8 +314,8 @@ class AdminService:
         with self._lock:
             job = self._flushes.get(job_id)
         if job is None:
-            raise LeaseError(f"flush {job_id} is unknown (or old enough to be forgotten)",
-                             hint="start one with DELETE /v1/namespaces/{id}")
+            raise NotFound(f"flush {job_id} is unknown (or old enough to be forgotten)",
+                           hint="start one with DELETE /v1/namespaces/{id}")
         return job.out()
 
     def _flush(self, job: _Flush) -> None:
@@ -348,6 +356,10 @@ class AdminService:
     # ----------------------------------------------------------------- policy
 
     def set_policy(self, tier: str, policy: str) -> s.PolicyOut:
+        names = [t.name for t in self.store.tiers]
+        if tier not in names:
+            raise NotFound(f"no tier named {tier!r}; the tiers are {', '.join(names)}",
+                           hint=f"use one of {', '.join(names)} in /v1/tiers/{{name}}/policy")
         p = self.store.set_policy(tier, policy)
         return s.PolicyOut(tier=tier, policy=policy_name(p), tracked_pages=len(p))
 

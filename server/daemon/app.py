@@ -29,11 +29,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from connector.daemon import shm
 from connector.proto import kvstore_daemon_pb2 as pb
-from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError
 from kvstore.record import RecordMac
+from server.daemon.handlers import add_servicer
 from server.daemon.lane import LaneServer
 from server.daemon.service import DaemonService, Limits
 from server.daemon.servicer import Servicer, TokenAuth
@@ -139,6 +139,7 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     stopping = threading.Event()
     lane_path = sock.with_name(sock.name + ".lane")
     servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions,
+                        max_watchers=dcfg.max_watchers,
                         mac=RecordMac(cfg.security.secret_bytes()),
                         lane_socket=str(lane_path) if dcfg.lane else "")
     hs = health.HealthServicer()
@@ -149,16 +150,17 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
                ("grpc.so_reuseport", 0)]
 
     # Every open session holds a handler thread for its life (OpenSession streams until the
-    # client goes), and so does every lookup stream (at most one per session): threads for
-    # those come on top of `workers`, or 32 sessions would leave no thread for any other call.
-    # The pool starts threads only as calls need them.
-    held = 2 * dcfg.max_sessions
+    # client goes), and so does every lookup stream (at most one per session) and every event
+    # watcher (at most max_watchers): threads for those come on top of `workers`, or a few
+    # long-lived streams would leave no thread for any other call. The pool starts threads
+    # only as calls need them.
+    held = 2 * dcfg.max_sessions + dcfg.max_watchers
 
     def server(interceptors: tuple[grpc.ServerInterceptor, ...] = ()) -> grpc.Server:
         s = grpc.server(ThreadPoolExecutor(dcfg.workers + held, thread_name_prefix="kvstore-rpc"),
                         interceptors=interceptors, options=options,
                         maximum_concurrent_rpcs=dcfg.workers * 4 + held)
-        pb_grpc.add_KVStoreDaemonServicer_to_server(servicer, s)
+        add_servicer(servicer, s)
         health_pb2_grpc.add_HealthServicer_to_server(hs, s)
         return s
 
@@ -217,7 +219,8 @@ def _serve_admin(cfg: KVStoreConfig, store: Any) -> Any:
     secret = cfg.security.secret_bytes()
     admin = serve_admin(store, host, port, acfg.token.get_secret_value(),
                         namespace=NamespaceDefaults(cfg.model_id, cfg.tenant_salt, secret),
-                        sample_interval_s=acfg.sample_interval_s)
+                        sample_interval_s=acfg.sample_interval_s,
+                        max_body_bytes=int(acfg.max_body_bytes))
     log.info("admin API and dashboard on %s (bearer token required%s)", admin.url,
              "" if is_loopback(host) else "; NOT loopback: reachable from the network")
     return admin
@@ -247,7 +250,11 @@ def serve(cfg: KVStoreConfig, *, ready: Callable[[Daemon], None] | None = None) 
     daemon = start(cfg)
     if ready is not None:
         ready(daemon)
-    stop.wait()
+    # Python runs a signal's handler on the main thread only, and only between bytecodes: a
+    # signal the kernel delivered to one of gRPC's threads does not interrupt a wait without a
+    # timeout, so the main thread looks at the flag every fraction of a second
+    while not stop.wait(0.2):
+        pass
     log.info("signal received: draining")
     daemon.stop()
     return 0

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -137,9 +138,9 @@ class LaneServer:
 
     def _hello(self, conn: socket.socket) -> str | None:
         """The session this connection serves; None (refused, replied) when there is none."""
-        conn.settimeout(self.hello_timeout_s)
-        try:
-            frame = recv_frame(conn, MAX_HELLO)
+        try:  # one deadline for the whole hello: a client trickling bytes holds no slot longer
+            frame = recv_frame(conn, MAX_HELLO,
+                               deadline=time.monotonic() + self.hello_timeout_s)
         except FrameTooLarge:
             frame = (HELLO, bytearray())
         except TimeoutError:

@@ -36,7 +36,7 @@ from typing import cast
 
 import numpy as np
 
-from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
+from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, TierUnavailable
 from kvstore.events import StoreEvent
 from kvstore.keys import KEY_BYTES, BlockMeta, unpack_keys
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
@@ -142,6 +142,9 @@ class DaemonService:
         with self._lock:
             s = self._sessions.get(session_id)
         if s is None:
+            if self._closing:  # a drain ended it: to the client, the daemon is going away
+                raise TierUnavailable("the daemon is draining: its sessions are closed",
+                                      hint="reconnect once it is back")
             raise LeaseError(f"session {session_id[:8]!r} is unknown or closed",
                              hint="open a session (OpenSession) and keep its stream open")
         return s

@@ -8,6 +8,7 @@ import functools
 import hmac
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any, TypeVar
@@ -18,9 +19,11 @@ import numpy as np
 from connector.daemon.errors import message_of, status_of
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
-from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.errors import InvalidArgument, KVStoreError, QuotaExceeded
 from kvstore.keys import BlockMeta
 from kvstore.record import WIRE, RecordMac, wire_fields
+from kvstore.results import PutResult
+from server.daemon.handlers import Malformed
 from server.daemon.service import DaemonService, check_namespace
 
 log = logging.getLogger("kvstore.daemon")
@@ -40,6 +43,7 @@ def _unary(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(self: Servicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            self.parsed(fn.__name__, request, context)
             return fn(self, request, context)
         except KVStoreError as exc:
             context.abort(status_of(exc), message_of(exc))
@@ -77,12 +81,15 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     by the deployment secret; None: the public key, an integrity check only)."""
 
     def __init__(self, service: DaemonService, stopping: threading.Event, *,
-                 max_streams: int = 256, mac: RecordMac | None = None,
+                 max_streams: int = 256, max_watchers: int = 64, mac: RecordMac | None = None,
                  lane_socket: str = "") -> None:
         #: the local lane's socket each handshake names ("": none is served)
         self.lane_socket = lane_socket
         #: open LookupStream calls allowed at once (each holds a handler thread)
         self.max_streams = max_streams
+        #: open WatchEvents calls allowed at once (each holds a handler thread)
+        self.max_watchers = max_watchers
+        self._watchers = 0
         self._mac = mac if mac is not None else RecordMac(None)
         #: pages received with a seal that does not verify (refused, never stored)
         self._m_bad_seal = service.store.metrics.corrupt.labels(WIRE, "mac")
@@ -95,8 +102,37 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
             page_bytes=layout.page_bytes, block_format=layout.block_format)
         self._tiers = [pb.TierInfo(name=t.name, kind=t.kind, capacity_pages=t.capacity_pages)
                        for t in service.store.tiers]
+        self._m_malformed = service.store.metrics.counter(
+            "kvstore_daemon_malformed_requests", "Requests whose bytes did not parse.",
+            ["method"])
+        self._garbled_peers: OrderedDict[str, None] = OrderedDict()  # logged once each
         self._streams_lock = threading.Lock()
         self._streams: set[grpc.ServicerContext] = set()  # open LookupStream calls
+
+    def parsed(self, method: str, request: Any, context: grpc.ServicerContext | None) -> None:
+        """Raise InvalidArgument for a request that did not parse (:class:`Malformed`): counted
+        per method, logged once per client (a client sending garbage in a loop fills no log)."""
+        if not isinstance(request, Malformed):
+            return
+        self._m_malformed.labels(method).inc()
+        peer = context.peer() if context is not None else "lane"
+        with self._streams_lock:
+            first = peer not in self._garbled_peers
+            if first:
+                if len(self._garbled_peers) >= 1024:
+                    self._garbled_peers.popitem(last=False)
+                self._garbled_peers[peer] = None
+        if first:
+            log.warning("%s: a %s of %d bytes that does not parse, from %s (logged once per "
+                        "client; kvstore_daemon_malformed_requests counts them)", method,
+                        request.type_name, request.size, peer)
+        raise InvalidArgument(f"a malformed {request.type_name} ({request.size} bytes)")
+
+    def _messages(self, method: str, requests: Iterator[Any],
+                  context: grpc.ServicerContext) -> Iterator[Any]:
+        for request in requests:
+            self.parsed(method, request, context)
+            yield request
 
     def answer(self, name: str, request: Any) -> Any:
         """The reply to unary call ``name`` made outside gRPC (the local lane,
@@ -108,6 +144,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     def OpenSession(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
+            self.parsed("OpenSession", request, context)
             session, info = self.service.open_session()
         except KVStoreError as exc:
             context.abort(status_of(exc), message_of(exc))
@@ -149,6 +186,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         try:
             for request in request_iterator:
                 try:
+                    self.parsed("LookupStream", request, context)
                     reply = self._lookup(request)
                 except KVStoreError as exc:
                     reply = _error_reply(status_of(exc), message_of(exc))
@@ -266,11 +304,23 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     def WatchEvents(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
+            self.parsed("WatchEvents", request, context)
             ns = check_namespace(request.namespace_id)
         except KVStoreError as exc:
             context.abort(status_of(exc), message_of(exc))
+        with self._streams_lock:
+            full = self._watchers >= self.max_watchers
+            if not full:
+                self._watchers += 1
+        if full:  # refused before anything is held for it
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.max_watchers} event watchers are open (daemon.max_watchers)")
         hub = self.service.events
-        watcher = hub.watch(ns)
+        try:
+            watcher = hub.watch(ns)
+        except BaseException:
+            self._unwatched()
+            raise
         try:
             while context.is_active() and not self.stopping.is_set() and not hub.closed:
                 ev = watcher.next(_POLL_S)
@@ -281,10 +331,16 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
                 yield pb.CacheEvent(kind=kind, tier=ev.tier, keys=ev.keys, dropped_before=dropped)
         finally:
             hub.unwatch(watcher)
+            self._unwatched()
+
+    def _unwatched(self) -> None:
+        with self._streams_lock:
+            self._watchers -= 1
 
     def ReadPages(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        ns, keys = request.namespace_id, list(request.keys)
         try:
+            self.parsed("ReadPages", request, context)
+            ns, keys = request.namespace_id, list(request.keys)
             for i, tier, page in self.service.read_pages(ns, keys):
                 seal = self._mac.seal(wire_fields(b"R", ns, keys[i]), page)
                 yield pb.Page(index=i, tier=tier, data=page.tobytes(), seal=seal)
@@ -293,34 +349,50 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     @_unary
     def WritePages(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
+        """Pages stored in batches as they arrive: the daemon holds one batch of a stream, never
+        the whole stream, and refuses one longer than ``max_keys_per_call`` pages with
+        RESOURCE_EXHAUSTED at the first page past it (the batches before it are stored)."""
         page_bytes = self.service.store.layout.page_bytes
+        limit = self.service.limits.max_keys_per_call
+        batch = max(1, min(64, (16 << 20) // page_bytes))
         ns = b""
         metas: list[BlockMeta] = []
-        pages: list[bytes] = []
-        forged = 0
-        for msg in request_iterator:
+        buf = np.empty((batch, page_bytes), np.uint8)
+        total = PutResult(0, 0, 0)
+        forged = seen = 0
+        for msg in self._messages("WritePages", request_iterator, context):
+            seen += 1
+            if seen > limit:
+                raise QuotaExceeded(f"a WritePages stream of more than {limit} pages; the limit "
+                                    "is daemon.max_keys_per_call", hint="split the call")
             ns = ns or check_namespace(msg.namespace_id)
             if msg.namespace_id and msg.namespace_id != ns:
                 raise InvalidArgument("a WritePages stream names one namespace, in its first message")
             if len(msg.data) != page_bytes:
-                raise InvalidArgument(f"page of block {msg.block.key.hex()} has {len(msg.data)} "
-                                      f"bytes; the layout's page is {page_bytes}")
+                raise InvalidArgument(f"page of block {msg.block.key.hex()[:64]} has "
+                                      f"{len(msg.data)} bytes; the layout's page is {page_bytes}")
             b = msg.block
             if not self._mac.verify_seal(wire_fields(b"W", ns, b.key, b.parent, b.token_ids),
                                          msg.data, msg.seal):
                 forged += 1  # not from a holder of the secret, or changed on the way
                 continue
+            buf[len(metas)] = np.frombuffer(msg.data, np.uint8)
             metas.append(BlockMeta(ns, b.key, b.parent, b.token_ids))
-            pages.append(msg.data)
+            if len(metas) == batch:
+                total = _added(total, self.service.write_pages(ns, metas, buf))
+                metas, buf = [], np.empty((batch, page_bytes), np.uint8)
+        if metas:
+            total = _added(total, self.service.write_pages(ns, metas, buf[: len(metas)]))
         if forged:
             self._m_bad_seal.inc(forged)
             log.warning("WritePages: %d page(s) refused: their seal does not verify (another "
                         "deployment secret, or changed on the way)", forged)
-        if not metas:
-            return pb.PutReply(refused=forged)
-        arr = np.frombuffer(b"".join(pages), np.uint8).reshape(len(pages), page_bytes)
-        r = self.service.write_pages(ns, metas, arr)
-        return pb.PutReply(stored=r.stored, existing=r.existing, refused=r.refused + forged)
+        return pb.PutReply(stored=total.stored, existing=total.existing,
+                           refused=total.refused + forged)
+
+
+def _added(a: PutResult, b: PutResult) -> PutResult:
+    return PutResult(a.stored + b.stored, a.existing + b.existing, a.refused + b.refused)
 
 
 class TokenAuth(grpc.ServerInterceptor):

@@ -1,6 +1,7 @@
 """The admin API on a live daemon: stats after real traffic, Prometheus text that
 prometheus-client's own parser reads, readiness, a policy switch, bad input answered with a
-4xx naming the problem, and server-sent events of stored and removed pages."""
+4xx naming the problem (404 for a tier or a job that does not exist), and server-sent events
+of stored and removed pages."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def test_policy_switch_and_bad_input(admin_daemon: AdminDaemon, api: httpx.Clien
     assert r.json() == {"tier": "host", "policy": "s3fifo", "tracked_pages": 8}
     assert api.get("/v1/stats").json()["tiers"][0]["policy"] == "s3fifo"
     r = api.post("/v1/tiers/nvme/policy", json={"policy": "lru"})
-    assert r.status_code == 400 and "no tier named 'nvme'" in r.json()["detail"]
+    assert r.status_code == 404, r.text  # a resource that does not exist, named, and the known
+    assert r.json()["detail"] == "no tier named 'nvme'; the tiers are host, disk"
+    assert "host, disk" in r.json()["hint"]
     r = api.post("/v1/tiers/host/policy", json={"policy": "os:system"})  # no import paths
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "policy"]
     r = api.post("/v1/lookup", json={"token_ids": [1] * 16, "block_keys": ["00" * 16]})
@@ -68,7 +71,7 @@ def test_policy_switch_and_bad_input(admin_daemon: AdminDaemon, api: httpx.Clien
     r = api.delete("/v1/namespaces/not-hex")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "namespace_id"]
     r = api.get("/v1/flushes/99")
-    assert r.status_code == 409 and "flush 99 is unknown" in r.json()["detail"]
+    assert r.status_code == 404 and "flush 99 is unknown" in r.json()["detail"]
     assert api.get("/v1/stats").json()["tiers"][0]["used_pages"] == 8  # nothing changed
 
 

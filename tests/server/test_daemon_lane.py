@@ -17,7 +17,6 @@ from connector.daemon import DaemonStore
 from connector.daemon.lane import HELLO, METHOD_NUMBER, OK, recv_frame, send_frame
 from connector.proto import kvstore_daemon_pb2 as pb
 from kvstore import KVLayout, Namespace
-from kvstore.errors import LeaseError
 from kvstore.keys import pack_keys
 from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc, write_config
 

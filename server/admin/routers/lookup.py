@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from server.admin import schemas as s
-from server.admin.deps import Auth, Service
+from server.admin.deps import Service
 
-router = APIRouter(dependencies=Auth, tags=["lookup"],
-                   responses={400: s.ERRORS[400], 401: s.ERRORS[401]})
+router = APIRouter(tags=["lookup"],
+                   responses={400: s.ERRORS[400], 401: s.ERRORS[401], 413: s.ERRORS[413]})
 
 
 @router.post("/v1/lookup", response_model=s.LookupOut,

@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from server.admin import schemas as s
-from server.admin.deps import Auth, Service
+from server.admin.deps import Service
 
-router = APIRouter(dependencies=Auth, tags=["tiers"],
-                   responses={400: s.ERRORS[400], 401: s.ERRORS[401]})
+router = APIRouter(tags=["tiers"],
+                   responses={400: s.ERRORS[400], 401: s.ERRORS[401], 404: s.ERRORS[404],
+                              413: s.ERRORS[413]})
 
 
 @router.post("/v1/tiers/{name}/policy", response_model=s.PolicyOut,

@@ -1,6 +1,8 @@
 // kvstore dashboard: polls /v1/stats and /v1/stats/history (same origin, same credentials as
 // the page) and draws with the canvas API. No build step, no dependencies. Each chart's
 // element carries data-points (how many values it shows), so tests can read the DOM.
+// The page's Content-Security-Policy allows only this script and dashboard.css: styles are
+// set through the CSSOM (element.style), never as a style attribute, which the CSP blocks.
 "use strict";
 const COLORS = ["#3b7dd8", "#d8643b", "#2f9e5b", "#9b4dca", "#c9a227", "#17a2b8", "#e83e8c"];
 const REFRESH_MS = 2000;
@@ -34,7 +36,9 @@ function drawOccupancy(stats) {
     row.append(el("div", {}, `${t.name} (${t.kind}, ${t.policy})`));
     const track = el("div", { class: "track" });
     const pct = t.capacity_pages ? (100 * t.used_pages) / t.capacity_pages : 0;
-    track.append(el("div", { class: "fill", style: `width:${pct.toFixed(1)}%` }));
+    const fill = el("div", { class: "fill" });
+    fill.style.width = `${pct.toFixed(1)}%`;
+    track.append(fill);
     row.append(track);
     row.append(el("div", {}, `${t.used_pages} / ${t.capacity_pages} pages · ${fmtBytes(t.used_bytes)}`));
     box.append(row);
@@ -77,7 +81,9 @@ function drawLines(id, times, series, fmt, yMax) {
   const legend = document.getElementById(id + "-legend");
   legend.replaceChildren(...series.map((s, si) => {
     const span = el("span");
-    span.append(el("i", { style: `background:${COLORS[si % COLORS.length]}` }), s.name);
+    const swatch = el("i");
+    swatch.style.background = COLORS[si % COLORS.length];
+    span.append(swatch, s.name);
     return span;
   }));
 }
