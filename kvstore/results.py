@@ -15,6 +15,9 @@ class Lease:
     keys: tuple[bytes, ...]
     expires_at: float
     owner: int = 0  # the lease table (store) that granted it; another store refuses it
+    #: a daemon's lease: the bytes that let another process's client of the same daemon take
+    #: it over (vLLM's scheduler leases, its worker loads); b"" for an in-process store's
+    ticket: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

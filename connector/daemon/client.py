@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import Counter
@@ -65,7 +66,9 @@ log = logging.getLogger(__name__)
 
 #: seconds of unary lookups after the daemon refused a lookup stream (its limit was reached)
 _STREAM_RETRY_S = 30.0
-_owners = itertools.count(1 << 40)  # distinct from in-process stores' owner ids
+# distinct from in-process stores' owner ids, and (random base) from other processes' clients:
+# a lease or handle pickled into another process is never mistaken for one of its own
+_owners = itertools.count((1 << 40) + (secrets.randbits(30) << 10))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,10 @@ class DaemonStore:
         self.owner = next(_owners)
         self._lock = threading.Lock()
         self._open: set[int] = set()  # handle ids issued and not yet completed/aborted
-        self._lease_ns: dict[int, bytes] = {}  # lease id -> the namespace that was granted it
+        #: lease id -> the namespace it was granted under; pruned of expired leases (one
+        #: handed to another process by its ticket is used up there, unseen here)
+        self._lease_ns: dict[int, bytes] = {}
+        self._lease_expiry: dict[int, float] = {}
         #: store handle id -> its namespace: a handle that reserved nothing (another save of
         #: the prefix is writing it) has no block to tell it by
         self._store_ns: dict[int, bytes] = {}
@@ -450,9 +456,8 @@ class DaemonStore:
         granted = None
         if r.lease_id:
             granted = Lease(r.lease_id, tuple(keys[: r.num_blocks]),
-                            time.monotonic() + r.lease_ttl_s, self.owner)
-            with self._lock:
-                self._lease_ns[r.lease_id] = ns
+                            time.monotonic() + r.lease_ttl_s, self.owner, r.lease_ticket)
+            self._remember_lease(granted, ns)
         runs = r.runs
         if len(runs) == 1:  # the usual hit, in one tier
             tiers: tuple[str, ...] = (runs[0].tier,) * runs[0].blocks
@@ -514,14 +519,21 @@ class DaemonStore:
         ns = self._ns(namespace_id)
         return self._pool.submit(self.lookup, list(keys), lease=lease, namespace_id=ns)
 
-    def _take_lease(self, lease: Lease) -> bytes:
-        """The namespace ``lease`` was granted under (forgotten: the lease is being used up)."""
+    def _take_lease(self, lease: Lease, namespace_id: bytes | None = None) -> tuple[bytes, bytes]:
+        """The namespace ``lease`` was granted under (forgotten: the lease is being used up)
+        and the ticket to send with it: b"" for a lease of this client's session; its ticket for
+        one another process's client got from the daemon (vLLM's scheduler leases, its worker
+        loads) -- the daemon hands it over to this session, under ``namespace_id``."""
         with self._lock:
-            ns = self._lease_ns.pop(lease.id, None)
-        if ns is None:
-            raise LeaseError(f"lease {lease.id} is not one this client holds",
-                             hint="a lease is released, narrowed or loaded once")
-        return ns
+            ns = self._lease_ns.pop(lease.id, None) if lease.owner == self.owner else None
+            self._lease_expiry.pop(lease.id, None)
+        if ns is not None:
+            return ns, b""
+        if lease.ticket and (namespace_id is not None or self.namespace_id is not None):
+            return self._ns(namespace_id), lease.ticket
+        raise LeaseError(f"lease {lease.id} is not one this client holds",
+                         hint="a lease is released, narrowed or loaded once; another "
+                              "process's lease needs its ticket and a namespace")
 
     def count_declined(self, namespace_id: bytes, num_blocks: int) -> None:
         """As :meth:`TieredStore.count_declined`: counted in this process's
@@ -548,26 +560,39 @@ class DaemonStore:
         """Whether the daemon's store has a shared (network) tier, as of the last lookup."""
         return self._remote_tiers
 
-    def release(self, lease: Lease) -> None:
-        ns = self._take_lease(lease)
+    def release(self, lease: Lease, *, namespace_id: bytes | None = None) -> None:
+        """Release ``lease``: this client's, or another process's (by its ticket, under
+        ``namespace_id`` or the default namespace)."""
+        ns, ticket = self._take_lease(lease, namespace_id)
         try:
-            self._call("Release", pb.LeaseRequest(session_id=self._session_id,
-                                                  namespace_id=ns, lease_id=lease.id))
+            self._call("Release", pb.LeaseRequest(session_id=self._session_id, namespace_id=ns,
+                                                  lease_id=lease.id, lease_ticket=ticket))
         except DaemonUnavailable:
             self._failed("release")  # the daemon frees the session's leases itself
 
-    def narrow(self, lease: Lease, n: int) -> Lease:
-        ns = self._take_lease(lease)
+    def narrow(self, lease: Lease, n: int, *, namespace_id: bytes | None = None) -> Lease:
+        ns, ticket = self._take_lease(lease, namespace_id)
         req = pb.LeaseRequest(session_id=self._session_id, namespace_id=ns,
-                              lease_id=lease.id, keep=n)
+                              lease_id=lease.id, keep=n, lease_ticket=ticket)
         try:
             r = self._call("Narrow", req)
         except DaemonUnavailable:
             self._failed("narrow")
             raise LeaseError("daemon unreachable: the lease is gone with its session") from None
+        narrowed = Lease(r.lease_id, lease.keys[:n], time.monotonic() + r.lease_ttl_s,
+                         self.owner, r.lease_ticket)
+        self._remember_lease(narrowed, ns)
+        return narrowed
+
+    def _remember_lease(self, lease: Lease, ns: bytes) -> None:
         with self._lock:
-            self._lease_ns[r.lease_id] = ns
-        return Lease(r.lease_id, lease.keys[:n], time.monotonic() + r.lease_ttl_s, self.owner)
+            if len(self._lease_ns) >= 1024:  # drop what expired (the daemon has, too)
+                now = time.monotonic()
+                for lid in [i for i, t in self._lease_expiry.items() if t <= now]:
+                    self._lease_ns.pop(lid, None)
+                    del self._lease_expiry[lid]
+            self._lease_ns[lease.id] = ns
+            self._lease_expiry[lease.id] = lease.expires_at
 
     def _contains(self, tier: str, keys: Sequence[bytes]) -> tuple[list[bool], int]:
         keys = list(keys)
@@ -584,15 +609,17 @@ class DaemonStore:
     def prepare_load(self, namespace_id: bytes, keys: Sequence[bytes], *,
                      lease: Lease | None = None, tier: str | None = None) -> LoadHandle:
         keys = list(keys)
+        ticket = b""
         if lease is not None:
             with self._lock:
-                lease_ns = self._lease_ns.get(lease.id)
+                lease_ns = self._lease_ns.get(lease.id) if lease.owner == self.owner else None
             if lease_ns is not None and lease_ns != namespace_id:
                 raise InvalidArgument(f"lease {lease.id} belongs to another namespace",
                                       hint="load under the namespace of the lookup")
-            self._take_lease(lease)  # the handle takes the lease over
+            _, ticket = self._take_lease(lease, namespace_id)  # the handle takes the lease over
         req = pb.PrepareLoadRequest(session_id=self._session_id, namespace_id=namespace_id,
-                                    keys=keys, lease_id=lease.id if lease else 0, tier=tier or "")
+                                    keys=keys, lease_id=lease.id if lease else 0, tier=tier or "",
+                                    lease_ticket=ticket)
         try:
             r = self._call("PrepareLoad", req)
         except DaemonUnavailable:

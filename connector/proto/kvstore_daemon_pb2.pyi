@@ -112,7 +112,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class LookupReply(_message.Message):
-    __slots__ = ("num_blocks", "runs", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers", "error")
+    __slots__ = ("num_blocks", "runs", "lease_id", "lease_ttl_s", "bandwidth", "has_remote_tiers", "error", "lease_ticket")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class LookupReply(_message.Message):
     BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     HAS_REMOTE_TIERS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TICKET_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     runs: _containers.RepeatedCompositeFieldContainer[TierRun]
     lease_id: int
@@ -127,27 +128,32 @@ class LookupReply(_message.Message):
     bandwidth: _containers.RepeatedCompositeFieldContainer[TierBandwidth]
     has_remote_tiers: bool
     error: Status
-    def __init__(self, num_blocks: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ..., error: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+    lease_ticket: bytes
+    def __init__(self, num_blocks: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., bandwidth: _Optional[_Iterable[_Union[TierBandwidth, _Mapping]]] = ..., has_remote_tiers: _Optional[bool] = ..., error: _Optional[_Union[Status, _Mapping]] = ..., lease_ticket: _Optional[bytes] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("session_id", "namespace_id", "lease_id", "keep")
+    __slots__ = ("session_id", "namespace_id", "lease_id", "keep", "lease_ticket")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TICKET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     namespace_id: bytes
     lease_id: int
     keep: int
-    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., lease_id: _Optional[int] = ..., keep: _Optional[int] = ...) -> None: ...
+    lease_ticket: bytes
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., lease_id: _Optional[int] = ..., keep: _Optional[int] = ..., lease_ticket: _Optional[bytes] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("lease_id", "lease_ttl_s")
+    __slots__ = ("lease_id", "lease_ttl_s", "lease_ticket")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TICKET_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     lease_ttl_s: float
-    def __init__(self, lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+    lease_ticket: bytes
+    def __init__(self, lease_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., lease_ticket: _Optional[bytes] = ...) -> None: ...
 
 class ContainsRequest(_message.Message):
     __slots__ = ("namespace_id", "tier", "keys")
@@ -168,18 +174,20 @@ class ContainsReply(_message.Message):
     def __init__(self, present: _Optional[_Iterable[bool]] = ..., leading: _Optional[int] = ...) -> None: ...
 
 class PrepareLoadRequest(_message.Message):
-    __slots__ = ("session_id", "namespace_id", "keys", "lease_id", "tier")
+    __slots__ = ("session_id", "namespace_id", "keys", "lease_id", "tier", "lease_ticket")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TICKET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     namespace_id: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease_id: int
     tier: str
-    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+    lease_ticket: bytes
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., tier: _Optional[str] = ..., lease_ticket: _Optional[bytes] = ...) -> None: ...
 
 class PrepareLoadReply(_message.Message):
     __slots__ = ("handle_id", "slots")

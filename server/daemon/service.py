@@ -27,6 +27,7 @@ session's records are guarded by one lock, never held during store I/O.
 
 from __future__ import annotations
 
+import hmac
 import secrets
 import threading
 from collections.abc import Iterator, Sequence
@@ -100,6 +101,10 @@ class DaemonService:
         store.add_listener(self._on_store_event)
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        #: lease id -> (the session holding it, its ticket): a lease handed to another process
+        #: of the same engine (vLLM's scheduler looks up, its workers load) is taken over by
+        #: the session that shows its ticket
+        self._tickets: dict[int, tuple[Session, bytes]] = {}
         self._closing = False
 
     # ----------------------------------------------------------------- sessions
@@ -125,6 +130,8 @@ class DaemonService:
             return
         with self._lock:
             loads, stores, leases = list(s.loads.values()), list(s.stores.values()), list(s.leases.values())
+            for lease_id in s.leases:
+                self._tickets.pop(lease_id, None)
             s.loads.clear(), s.stores.clear(), s.leases.clear()
         for _, h in loads:
             _quietly(self.store.complete_load, h)
@@ -149,11 +156,16 @@ class DaemonService:
                              hint="open a session (OpenSession) and keep its stream open")
         return s
 
-    def _record(self, s: Session, table: dict, rid: int, ns: bytes, obj: object) -> None:
+    def _record(self, s: Session, table: dict, rid: int, ns: bytes, obj: object) -> bytes:
+        """Record ``obj`` in the session; a lease gets a ticket (returned; else b"")."""
+        ticket = secrets.token_bytes(16) if table is s.leases else b""
         with self._lock:
             if s.id not in self._sessions:  # closed meanwhile: undo right away
                 raise LeaseError(f"session {s.id[:8]!r} closed during the call")
             table[rid] = (ns, obj)
+            if ticket:
+                self._tickets[rid] = (s, ticket)
+        return ticket
 
     def _check_room(self, s: Session) -> None:
         if s.num_records >= self.limits.max_handles_per_session:
@@ -170,7 +182,28 @@ class DaemonService:
                 raise InvalidArgument(f"{kind} {rid} belongs to another namespace",
                                       hint="name the namespace the handle was made for")
             del table[rid]
+            if table is s.leases:
+                self._tickets.pop(rid, None)
         return entry[1]
+
+    def _take_lease(self, s: Session, lease_id: int, ns: bytes, ticket: bytes) -> Lease:
+        """Lease ``lease_id`` taken out of the session that holds it: this one's, or -- with
+        its ticket -- another's (a ticket that does not match is as if the lease did not
+        exist: nothing changes)."""
+        if not ticket:
+            return cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
+        with self._lock:
+            held = self._tickets.get(lease_id)
+            if held is None or not hmac.compare_digest(held[1], ticket):
+                raise LeaseError(f"lease {lease_id} is unknown, used up, or not this ticket's",
+                                 hint="a lease is released, narrowed or loaded once")
+            holder = held[0]
+            if holder.leases[lease_id][0] != ns:
+                raise InvalidArgument(f"lease {lease_id} belongs to another namespace",
+                                      hint="load under the namespace of the lookup")
+            _, lease = holder.leases.pop(lease_id)
+            del self._tickets[lease_id]
+        return cast(Lease, lease)
 
     # ----------------------------------------------------------------- checks
 
@@ -239,37 +272,39 @@ class DaemonService:
     # ----------------------------------------------------------------- lookup and leases
 
     def lookup(self, session_id: str, ns: bytes, packed_keys: bytes, lease: bool,
-               local_only: bool = False) -> LookupResult:
-        """``packed_keys``: the keys as :func:`~kvstore.keys.pack_keys` sends them."""
+               local_only: bool = False) -> tuple[LookupResult, bytes]:
+        """``packed_keys``: the keys as :func:`~kvstore.keys.pack_keys` sends them. Returns the
+        result and, with a lease, its ticket (see :meth:`_take_lease`)."""
         check_namespace(ns)
         keys = unpack_keys(packed_keys, limit=self.limits.max_keys_per_call)
         s = self._session(session_id) if lease else None
         if s is not None:
             self._check_room(s)
         found = self.store.lookup(keys, lease=lease, local_only=local_only, namespace_id=ns)
+        ticket = b""
         if s is not None and found.lease is not None:
             try:
-                self._record(s, s.leases, found.lease.id, ns, found.lease)
+                ticket = self._record(s, s.leases, found.lease.id, ns, found.lease)
             except LeaseError:
                 _quietly(self.store.release, found.lease)
                 raise
-        return found
+        return found, ticket
 
-    def release(self, session_id: str, ns: bytes, lease_id: int) -> None:
+    def release(self, session_id: str, ns: bytes, lease_id: int, ticket: bytes = b"") -> None:
         s = self._session(session_id)
-        lease = cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
-        self.store.release(lease)
+        self.store.release(self._take_lease(s, lease_id, ns, ticket))
 
-    def narrow(self, session_id: str, ns: bytes, lease_id: int, keep: int) -> Lease:
+    def narrow(self, session_id: str, ns: bytes, lease_id: int, keep: int,
+               ticket: bytes = b"") -> tuple[Lease, bytes]:
+        """The narrowed lease (held by this session) and its ticket."""
         s = self._session(session_id)
-        lease = cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
+        lease = self._take_lease(s, lease_id, ns, ticket)
         try:
             narrowed = self.store.narrow(lease, keep)
         except BaseException:
             _quietly(self.store.release, lease)
             raise
-        self._record(s, s.leases, narrowed.id, ns, narrowed)
-        return narrowed
+        return narrowed, self._record(s, s.leases, narrowed.id, ns, narrowed)
 
     def contains(self, ns: bytes, tier: str, keys: Sequence[bytes]) -> list[bool]:
         """Which of ``keys`` tier ``tier`` holds. ``ns`` may be empty: presence is told of any
@@ -281,13 +316,13 @@ class DaemonService:
     # ----------------------------------------------------------------- loads
 
     def prepare_load(self, session_id: str, ns: bytes, keys: Sequence[bytes], lease_id: int,
-                     tier: str | None) -> LoadHandle:
+                     tier: str | None, ticket: bytes = b"") -> LoadHandle:
         keys = self._keys(ns, keys)
         s = self._session(session_id)
         self._check_room(s)
         lease = None
         if lease_id:
-            lease = cast(Lease, self._take(s, s.leases, lease_id, ns, "lease"))
+            lease = self._take_lease(s, lease_id, ns, ticket)
         try:
             handle = self.store.prepare_load(ns, keys, lease=lease, tier=tier)
         except BaseException:

@@ -201,15 +201,16 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
                 self._streams.discard(context)
 
     def _lookup(self, request: Any) -> Any:
-        found = self.service.lookup(request.session_id, request.namespace_id, request.keys,
-                                    request.lease, request.local_only)
+        found, ticket = self.service.lookup(request.session_id, request.namespace_id,
+                                            request.keys, request.lease, request.local_only)
         store = self.service.store
         bw = [pb.TierBandwidth(tier=t.name, bytes_per_s=store.read_bandwidth(t.name) or 0.0)
               for t in store.tiers]
         lease = found.lease
         return pb.LookupReply(num_blocks=found.num_blocks, runs=_runs(found.tiers),
                               lease_id=lease.id if lease else 0,
-                              lease_ttl_s=store.lease_ttl_s if lease else 0.0, bandwidth=bw,
+                              lease_ttl_s=store.lease_ttl_s if lease else 0.0,
+                              lease_ticket=ticket, bandwidth=bw,
                               has_remote_tiers=store.has_remote_tiers)
 
     def close(self) -> None:
@@ -221,14 +222,16 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     @_unary
     def Release(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.service.release(request.session_id, request.namespace_id, request.lease_id)
+        self.service.release(request.session_id, request.namespace_id, request.lease_id,
+                             request.lease_ticket)
         return pb.Empty()
 
     @_unary
     def Narrow(self, request: Any, context: grpc.ServicerContext) -> Any:
-        lease = self.service.narrow(request.session_id, request.namespace_id, request.lease_id,
-                                    request.keep)
-        return pb.LeaseReply(lease_id=lease.id, lease_ttl_s=self.service.store.lease_ttl_s)
+        lease, ticket = self.service.narrow(request.session_id, request.namespace_id,
+                                            request.lease_id, request.keep, request.lease_ticket)
+        return pb.LeaseReply(lease_id=lease.id, lease_ttl_s=self.service.store.lease_ttl_s,
+                             lease_ticket=ticket)
 
     @_unary
     def Contains(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -241,7 +244,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     @_unary
     def PrepareLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
         h = self.service.prepare_load(request.session_id, request.namespace_id, list(request.keys),
-                                      request.lease_id, _tier(request.tier))
+                                      request.lease_id, _tier(request.tier), request.lease_ticket)
         return pb.PrepareLoadReply(handle_id=h.id, slots=h.slots)
 
     @_unary

@@ -19,6 +19,7 @@ from connector.daemon.errors import DaemonUnavailable
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore import KVLayout, Namespace
+from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.record import RecordMac, wire_fields
 from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc, write_config
 
@@ -261,3 +262,47 @@ def test_garbage_requests_are_invalid_argument_and_logged_once_per_client(tmp_pa
         log = d.log()
         assert "Traceback" not in log
         assert log.count("does not parse") == 1, log
+
+
+def test_a_lease_is_taken_over_by_another_process_with_its_ticket(tmp_path: Path) -> None:
+    """vLLM's default layout: the scheduler (one process) looks up and leases, a worker
+    (another process, its own session) loads. The lease travels pickled in vLLM's metadata;
+    its ticket lets the worker's session take it over. A wrong ticket, or another namespace,
+    changes nothing."""
+    import pickle
+
+    other = Namespace("faults", LAYOUT, "b")
+    chain = NS.chain(_tokens(3, seed=11))
+    with DaemonProc(write_config(tmp_path)) as d, DaemonStore(d.target) as sched, \
+            DaemonStore(d.target) as worker:
+        h = sched.prepare_store(chain.metas())
+        for i, slot in enumerate(h.slots):
+            sched.staging_tier().slab[slot] = i + 1
+        assert sched.complete_store(h).stored == 3
+        found = sched.lookup(chain.keys, lease=True, namespace_id=NS.id)
+        assert found.lease is not None and len(found.lease.ticket) == 16
+        sent = pickle.loads(pickle.dumps(found.lease))
+        # a forged ticket, or the right one under another namespace: refused, nothing changes
+        forged = type(sent)(sent.id, sent.keys, sent.expires_at, sent.owner, b"\0" * 16)
+        with pytest.raises(LeaseError):
+            worker.prepare_load(NS.id, chain.keys, lease=forged)
+        with pytest.raises(InvalidArgument):
+            worker.prepare_load(other.id, chain.keys, lease=sent)
+        assert worker.stats().active_leases == 1
+        # the worker loads under the scheduler's lease
+        lh = worker.prepare_load(NS.id, chain.keys, lease=sent)
+        assert lh.num_blocks == 3
+        assert [int(worker.staging_tier().slab[s][0]) for s in lh.slots] == [1, 2, 3]
+        assert worker.complete_load(lh) == 3
+        st = worker.stats()
+        assert (st.active_leases, st.open_load_handles) == (0, 0)
+        # used up: neither process can use it again
+        with pytest.raises(LeaseError):
+            worker.prepare_load(NS.id, chain.keys, lease=sent)
+        with pytest.raises(LeaseError):
+            sched.release(found.lease)
+        # a lease handed over and released by the worker instead (the load was not needed)
+        again = sched.lookup(chain.keys, lease=True, namespace_id=NS.id).lease
+        assert again is not None
+        worker.release(pickle.loads(pickle.dumps(again)), namespace_id=NS.id)
+        assert worker.stats().active_leases == 0
