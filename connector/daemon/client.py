@@ -209,48 +209,24 @@ class DaemonStore:
 
     def _connect(self) -> Any:
         """Open a channel and a session; map (or remap) the slab. Returns the handshake."""
-        deadline = time.monotonic() + self.connect_timeout_s
         channel = grpc.insecure_channel(self.target, options=self._options)
-        timer: threading.Timer | None = None
         try:
-            grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
+            self._wait_ready(channel)
             stub = pb_grpc.KVStoreDaemonStub(channel)
             stream = stub.OpenSession(pb.OpenSessionRequest(), metadata=self._md)
-            # the session stream lives as long as the session, so it takes no deadline; its
-            # handshake does: a channel can be READY (another client of this process holds
-            # the connection) while the daemon is stopped and answers nothing
-            answered = threading.Lock()
-
-            def give_up() -> None:
-                if answered.acquire(blocking=False):  # not once the handshake has arrived
-                    stream.cancel()
-
-            timer = threading.Timer(max(0.0, deadline - time.monotonic()), give_up)
-            timer.daemon = True
-            timer.start()
-            info = next(stream)
-            if not answered.acquire(blocking=False):  # cancelled as the handshake arrived
-                raise DaemonUnavailable(f"the kvstore daemon at {self.target} did not open a "
-                                        f"session within {self.connect_timeout_s} s")
+            info = self._handshake(stream)
+            if self._closed:  # closed while the reconnector was connecting: keep nothing
+                stream.cancel()
+                raise DaemonUnavailable("this DaemonStore was closed")
         except grpc.FutureTimeoutError:
             channel.close()
             raise DaemonUnavailable(f"no kvstore daemon answers at {self.target}") from None
         except grpc.RpcError as err:
             channel.close()
-            if err.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-                raise DaemonUnavailable(
-                    f"the kvstore daemon at {self.target} did not open a session within "
-                    f"{self.connect_timeout_s} s") from None
             raise error_of(err) from None
-        except StopIteration:
-            channel.close()
-            raise DaemonUnavailable(f"the daemon at {self.target} ended the session") from None
         except DaemonUnavailable:
             channel.close()
             raise
-        finally:
-            if timer is not None:
-                timer.cancel()
         try:
             if self._slab is None:
                 self._slab = SharedSlab.attach(info.shm_name, info.shm_bytes)
@@ -287,6 +263,56 @@ class DaemonStore:
             old.close()
         threading.Thread(target=self._watch_session, args=(stream,), daemon=True,
                          name="kvstore-daemon-session").start()
+        return info
+
+    def _wait_ready(self, channel: grpc.Channel) -> None:
+        """Wait up to ``connect_timeout_s`` for ``channel`` to connect, in short slices, so a
+        :meth:`close` meanwhile ends the wait (it joins the reconnector). Raises
+        grpc.FutureTimeoutError."""
+        ready = grpc.channel_ready_future(channel)
+        deadline = time.monotonic() + self.connect_timeout_s
+        try:
+            while True:
+                try:
+                    ready.result(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                    return
+                except grpc.FutureTimeoutError:
+                    if self._closed or time.monotonic() >= deadline:
+                        raise
+        finally:
+            ready.cancel()
+
+    def _handshake(self, stream: Any) -> Any:
+        """The session stream's first message, within ``connect_timeout_s``. The stream lives
+        as long as the session, so it takes no deadline; its handshake does: a channel can be
+        READY (another client of this process holds the connection) while the daemon is
+        stopped and answers nothing. A timer cancels the stream then; it is joined before this
+        returns or raises, so no cancel ever races the caller's close of the channel."""
+        answered = threading.Lock()
+
+        def give_up() -> None:
+            if answered.acquire(blocking=False):  # not once the handshake has arrived
+                stream.cancel()
+
+        timer = threading.Timer(self.connect_timeout_s, give_up)
+        timer.daemon = True
+        timer.start()
+        failed: grpc.RpcError | None = None
+        try:
+            info = next(stream)
+        except grpc.RpcError as err:
+            failed, info = err, None
+        except StopIteration:
+            info = None
+        timer.cancel()
+        if not answered.acquire(blocking=False):  # the timer fired: its cancel is done or under way
+            timer.join()
+            raise DaemonUnavailable(f"the kvstore daemon at {self.target} did not open a "
+                                    f"session within {self.connect_timeout_s} s")
+        if failed is not None:
+            raise failed
+        if info is None:
+            raise DaemonUnavailable(f"the daemon at {self.target} ended the session")
         return info
 
     def _watch_session(self, stream: Any) -> None:
@@ -829,6 +855,12 @@ class DaemonStore:
         if self._closed:
             return
         self._closed = True
+        with self._lock:
+            reconnector = self._reconnector
+        if reconnector is not None and reconnector is not threading.current_thread():
+            # its attempt in flight ends within connect_timeout_s and then sees _closed: until
+            # then it may map the slab and open a channel, which must not outlive this close
+            reconnector.join(self.connect_timeout_s + 1.0)
         self._pool.shutdown(wait=True)
         if self._lane is not None:
             self._lane.close()
