@@ -63,6 +63,7 @@ blocks the engine thread on a copy.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -83,6 +84,7 @@ from connector.base import (
     LoadSpec,
     SaveSpec,
 )
+from connector.failure_log import FailureLog
 from connector.transfer import CopyFn, LayerTransfer, SaveBuffer, make_transfer
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta, CheckedKeys, Namespace, chain_keys, token_bytes
@@ -93,6 +95,8 @@ from kvstore.store import TieredStore
 from kvstore.tiers.base import check_keys
 from kvstore.tiers.hbm_owner import OwnedPool
 from kvstore.tiers.slab import SlabSlots
+
+log = logging.getLogger("kvstore.connector")
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
 PREFETCH_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
@@ -596,6 +600,7 @@ class InProcessWorker(KVConnectorWorker):
         self._saved = 0
         self._abandoned = 0
         self._failures: Counter[str] = Counter()
+        self._failure_log = FailureLog(log)
 
     @property
     def prefetch_timeout_s(self) -> float:
@@ -653,7 +658,8 @@ class InProcessWorker(KVConnectorWorker):
             for spec in self._meta.saves:
                 try:
                     jobs.append(self._reserve(spec))
-                except Exception:  # noqa: BLE001 - a save that can't start is a later miss
+                except Exception as exc:  # noqa: BLE001 - a save that can't start is a later miss
+                    self._failure_log.failed("save", "reserve", len(spec.block_ids), exc)
                     self._drop_unreserved(spec)
             short = sum(j.handle.refused > 0 for j in jobs)
             with self._lock:
@@ -709,8 +715,9 @@ class InProcessWorker(KVConnectorWorker):
                     # launches the layers' kernels); the thread only waits for them to land.
                     try:
                         queued = self._resolve_and_queue(job, may_wait=self._cpu_inline)
-                    except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
+                    except Exception as exc:  # noqa: BLE001 - a failed load is recomputed
                         queued = (0, "error")
+                        self._failure_log.failed("load", "error", len(spec.block_ids), exc)
                     job.queued = queued
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own
                 threading.Thread(target=self._run_load, args=(job, None), daemon=True,
@@ -783,8 +790,9 @@ class InProcessWorker(KVConnectorWorker):
             good, reason = queued if queued is not None else self._resolve_and_queue(job, may_wait=True)
             if job.ctx is not None:
                 xfer.finish_load(job.ctx)
-        except Exception:  # noqa: BLE001 - a failed load is recomputed, never fatal
+        except Exception as exc:  # noqa: BLE001 - a failed load is recomputed, never fatal
             good, reason = 0, "error"
+            self._failure_log.failed("load", reason, len(spec.block_ids), exc)
             if job.ctx is not None:
                 try:  # queued copies must land before the blocks are recomputed
                     xfer.finish_load(job.ctx)
@@ -811,6 +819,8 @@ class InProcessWorker(KVConnectorWorker):
                     self._errors.update(job.failed)
                 if spec.load_async:
                     self._inflight[spec.request_id] -= 1
+            if job.failed and reason != "error":  # "error" was logged with its exception
+                self._failure_log.failed("load", reason, len(job.failed))
             job.done.set()
 
     # ----------------------------------------------------------------- saves
@@ -875,7 +885,8 @@ class InProcessWorker(KVConnectorWorker):
             res = self.store.complete_store(job.handle)
             with self._lock:
                 self._saved += res.stored
-        except Exception:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
+        except Exception as exc:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
+            self._failure_log.failed("save", "error", job.handle.num_blocks, exc)
             self._abort(job.handle)
             with self._lock:
                 self._abandoned += 1

@@ -65,8 +65,14 @@ Configuration (``kv_connector_extra_config``, read by :mod:`connector.vllm_engin
   down, vLLM recomputes (lookups miss, saves drop, each failed call counted) and the client
   reconnects when it is back.
 
-The layout is vLLM's (it needs no configuring). Both sides run in vLLM's engine process, so
-tensor and pipeline parallelism must be 1 (several such engines may share one daemon).
+The layout is vLLM's (it needs no configuring). Process layouts: through the daemon the two
+sides may live in different processes -- vLLM's default on its CPU build, where the scheduler
+runs in EngineCore and the worker in a process of its own: the scheduler side's lookup leases
+the pages, and the worker's client takes the lease over by its ticket (see
+:mod:`server.daemon.service`). In-process mode needs both sides in one process (vLLM's ``uni``
+executor); in any other layout it is refused at start (:func:`check_process_layout`), since
+each process would build a store of its own. Tensor and pipeline parallelism must be 1 (several
+such engines may share one daemon).
 
 Stats: :meth:`KVStoreConnector.get_kv_connector_stats` hands vLLM each side's counters (hits by
 tier, misses, pending lookups, blocks loaded and saved, load errors by reason, daemon failures);
@@ -101,6 +107,7 @@ from connector.vllm_engine import (
     EngineState,
     KVStoreVLLMStats,
     attach,
+    check_process_layout,
     daemon_target,
     detach,
     engine_stats,
@@ -220,6 +227,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._engine_id = str(tcfg.engine_id)
         num_blocks = int(kv_cache_config.num_blocks)
         daemon = daemon_target(extra)
+        check_process_layout(par.distributed_executor_backend, daemon is not None)
         self._engine = attach(self._engine_id,
                               lambda: EngineState(cfg, self._layout, num_blocks, daemon))
         self._closed = False

@@ -75,6 +75,26 @@ def load_kvstore_config(extra: Mapping[str, Any], layout: KVLayout, model_id: st
     return cfg
 
 
+#: vLLM executors whose workers run in processes of their own, apart from the scheduler
+SPLIT_EXECUTORS = frozenset({"mp", "ray"})
+
+
+def check_process_layout(executor_backend: object, daemon: bool) -> None:
+    """Refuse in-process mode where vLLM runs its workers apart from its scheduler: each
+    process would build a store of its own, and no load would ever find what a save stored
+    (with a disk tier, the second process could not even open it). Through the daemon both
+    sides share its store, in any layout."""
+    if daemon or str(executor_backend) not in SPLIT_EXECUTORS:
+        return
+    raise ConfigError(
+        f"kvstore's in-process mode needs vLLM's scheduler and workers in one process, but this "
+        f"engine runs its workers in processes of their own (distributed_executor_backend="
+        f"{executor_backend!r}: vLLM's CPU build always does unless "
+        "VLLM_ENABLE_V1_MULTIPROCESSING=0, GPU builds with tensor or pipeline parallelism)",
+        hint="run `kvstore serve` and set kv_connector_extra_config.daemon to its socket "
+             "(unix:///path/kvstore.sock); or VLLM_ENABLE_V1_MULTIPROCESSING=0 with one worker")
+
+
 def daemon_target(extra: Mapping[str, Any]) -> tuple[str, str | None] | None:
     """``(daemon address, token)`` of ``kv_connector_extra_config``, None for in-process.
     Raises ConfigError for an address or token that is not a non-empty string."""

@@ -3,6 +3,7 @@ KV cache and a TieredStore, overlap, failed loads, leases, bad input, delayed fr
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -527,8 +528,10 @@ def test_prefetch_timeout_and_page_deleted_during_copy_fail(
 
 
 def test_unexpected_errors_fail_the_transfer_not_the_engine(
-    host_store: TieredStore, ns: Namespace, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    host_store: TieredStore, ns: Namespace, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, "kvstore.connector")
     rig = Rig(host_store, ns, clock)
     tokens = tokens_for(N, rig.layout.block_size)
     rig.fill([0, 1, 2, 3])
@@ -550,3 +553,10 @@ def test_unexpected_errors_fail_the_transfer_not_the_engine(
     assert loader.worker.stats().load_failures == {"error": 4}
     assert host_store.stats().active_leases == 0
     loader.close()
+    # each failure says why, once: never swallowed without a word
+    logged = [r.getMessage() for r in caplog.records if r.name == "kvstore.connector"]
+    assert logged == [
+        "kvstore save of 4 block(s) failed (reason error): ZeroDivisionError: division by zero; "
+        "they are not stored (a later miss)",
+        "kvstore load of 4 block(s) failed (reason error): RuntimeError: copy failed; they are "
+        "recomputed"]

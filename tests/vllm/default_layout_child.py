@@ -3,7 +3,8 @@ scheduler in an EngineCore process, the worker in a process of its own) with kvs
 connector over a daemon: a prompt, ``reset_prefix_cache``, the same prompt again. Prints one
 ``RESULT {json}`` line: each run's greedy tokens and ``num_cached_tokens``.
 
-``argv``: the model directory, the daemon's address."""
+``argv``: the model directory, the daemon's address (or ``in-process``: a host tier of its own,
+which this layout refuses)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from tests.vllm.prompts import PROMPTS  # noqa: E402
 
 def main() -> None:
     model, target = sys.argv[1], sys.argv[2]
-    llm = ve.make_llm(model, ve.kvstore_transfer_config({"daemon": target}))
+    extra = {"daemon": target} if target != "in-process" else {
+        "tiers": [{"kind": "host", "capacity": "64MiB"}]}
+    llm = ve.make_llm(model, ve.kvstore_transfer_config(extra))
     try:
         first = ve.generate(llm, [PROMPTS[0]])[0]
         ve.reset_prefix_cache(llm)

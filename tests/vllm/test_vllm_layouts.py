@@ -22,16 +22,22 @@ from tests.vllm.prompts import LOADABLE
 from tests.vllm.test_vllm_daemon import VLLM_LAYOUT
 
 
+def _child(model: str, target: str) -> subprocess.CompletedProcess[str]:
+    """vLLM in its default layout: no VLLM_ENABLE_V1_MULTIPROCESSING (conftest sets it for
+    this process's engines)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tests/vllm/default_layout_child.py"), model, target],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+
+
 @pytest.mark.timeout(600)
 def test_default_process_layout_loads_from_the_daemon(tiny_llama: str, expected: list[list[int]],
                                                       tmp_path: Path) -> None:
     cfg = write_config(tmp_path, host="64MiB", disk=None, layout=VLLM_LAYOUT)
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["PYTHONPATH"] = str(ROOT)
     with DaemonProc(cfg) as d:
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "tests/vllm/default_layout_child.py"), tiny_llama,
-             d.target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+        proc = _child(tiny_llama, d.target)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         assert proc.returncode == 0 and lines, proc.stderr[-4000:]
         out = json.loads(lines[0][len("RESULT "):])
@@ -43,3 +49,14 @@ def test_default_process_layout_loads_from_the_daemon(tiny_llama: str, expected:
             assert host.hits == LOADABLE // ve.BLOCK_SIZE and host.misses == 0
             assert st.integrity_error == ""
             assert (st.active_leases, st.open_load_handles, st.open_store_handles) == (0, 0, 0)
+
+
+@pytest.mark.timeout(600)
+def test_in_process_mode_in_the_default_layout_is_refused_with_one_line(tiny_llama: str) -> None:
+    """Each process would build a store of its own and reuse nothing: vLLM does not start,
+    and the error says why and what to set."""
+    proc = _child(tiny_llama, "in-process")
+    assert proc.returncode != 0 and "RESULT" not in proc.stdout
+    assert ("kvstore's in-process mode needs vLLM's scheduler and workers in one process"
+            in proc.stderr), proc.stderr[-4000:]
+    assert "set kv_connector_extra_config.daemon" in proc.stderr
