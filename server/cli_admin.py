@@ -4,6 +4,7 @@ comes from ``--url`` or the config's ``admin.listen``; the token from the enviro
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -80,11 +81,26 @@ def _count(x: int | None) -> str:
     return "-" if x is None else str(x)
 
 
-def render(st: dict[str, Any]) -> Group:
+def _misses(m: dict[str, Any]) -> str:
+    return (f"absent {m['absent']}, corrupt {m['corrupt']}, expired {_count(m['expired'])}, "
+            f"timeout {m['timeout']}")
+
+
+def _summary(s: dict[str, Any]) -> str:
+    # every number here is the daemon's own count of client calls (the namespaces' counters
+    # summed): the engine's in-process connector counters never reach the daemon
+    return (f"client lookups: {s['lookup_hit_blocks']} blocks hit, {s['lookup_miss_blocks']} "
+            f"missed (1m {_pct(s['lookup_hit_rate_1m'])}); loads: {s['loaded_pages']} pages "
+            f"served, {s['load_missed_pages']} missed; recomputed: {s['declined_blocks']} "
+            f"blocks; leases: {s['active_leases']}")
+
+
+def _tables(st: dict[str, Any]) -> Group:
+    """The wide layout: a table of tiers, one of namespaces. Headers are short so a table that
+    fits never ellipsizes them; a read hit is a page a load or get read, not a lookup's."""
     tiers = Table(title="tiers", title_justify="left")
-    for col in ("tier", "policy", "used / capacity", "hit 1m", "hit 15m", "hits",
-                "miss a/c/e/t", "in", "out", "evicted", "errors",
-                "read p50/p99 ms"):
+    for col in ("tier", "policy", "pages (bytes)", "read hit 1m", "15m", "read hits",
+                "miss a/c/e/t", "in", "out", "evicted", "errors", "read ms p50/p99"):
         tiers.add_column(col, justify="left" if col in ("tier", "policy") else "right")
     for t in st["tiers"]:
         m, lat = t["misses"], t["latency"].get("read", {})
@@ -93,13 +109,11 @@ def render(st: dict[str, Any]) -> Group:
             f"{t['used_pages']} / {t['capacity_pages']} ({_size(t['used_bytes'])})",
             _pct(t["hit_rate_1m"]), _pct(t["hit_rate_15m"]), str(t["hits"]),
             f"{m['absent']}/{m['corrupt']}/{_count(m['expired'])}/{m['timeout']}",
-            _size(t["bytes_in"]),
-            _size(t["bytes_out"]), str(t["evictions"]), str(t["errors"]),
+            _size(t["bytes_in"]), _size(t["bytes_out"]), str(t["evictions"]), str(t["errors"]),
             f"{_ms(lat.get('p50_s'))} / {_ms(lat.get('p99_s'))}")
-    s = st["store"]
     spaces = Table(title="top namespaces", title_justify="left")
-    for col in ("namespace", "pages per tier", "bytes", "stored", "removed", "hit 1m", "hit 15m",
-                "lookup hit/miss", "miss c/e/t/d"):
+    for col in ("namespace", "pages per tier", "bytes", "stored", "removed", "lookup 1m", "15m",
+                "lookup hit/miss", "loaded", "miss c/e/t/d"):
         spaces.add_column(col, justify="left" if col in ("namespace", "pages per tier") else "right")
     for n in st["namespaces"][:10]:
         nm = n["misses"]
@@ -108,11 +122,51 @@ def render(st: dict[str, Any]) -> Group:
                        _size(n["bytes"]), str(n["stored_pages"]), str(n["removed_pages"]),
                        _pct(n["hit_rate_1m"]), _pct(n["hit_rate_15m"]),
                        f"{n['lookup_hit_blocks']}/{n['lookup_miss_blocks']}",
+                       str(n["loaded_pages"]),
                        f"{nm['corrupt']}/{nm['expired']}/{nm['timeout']}/{nm['declined']}")
-    summary = (f"lookups: {s['lookup_hit_blocks']} blocks hit, {s['lookup_miss_blocks']} missed "
-               f"(1m {_pct(s['lookup_hit_rate_1m'])}); connector: {s['loaded_blocks']} loaded, "
-               f"{s['declined_blocks']} recomputed; leases: {s['active_leases']}")
-    return Group(tiers, summary, spaces)
+    return Group(tiers, _summary(st["store"]), spaces)
+
+
+def _stacked(st: dict[str, Any]) -> str:
+    """The narrow layout (a pipe, a terminal narrower than the tables): one block per tier and
+    per namespace, a label and its numbers a line; the console wraps what is still too long."""
+    out = ["tiers"]
+    for t in st["tiers"]:
+        lat = t["latency"].get("read", {})
+        out += [f"  {t['name']} ({t['kind']}), policy {t['policy']}",
+                f"    pages     {t['used_pages']} / {t['capacity_pages']} "
+                f"({_size(t['used_bytes'])})",
+                f"    reads     {t['hits']} hit; 1m {_pct(t['hit_rate_1m'])}, "
+                f"15m {_pct(t['hit_rate_15m'])}",
+                f"    misses    {_misses(t['misses'])}",
+                f"    bytes     in {_size(t['bytes_in'])}, out {_size(t['bytes_out'])}",
+                f"    evicted   {t['evictions']}, errors {t['errors']}, read ms p50/p99 "
+                f"{_ms(lat.get('p50_s'))} / {_ms(lat.get('p99_s'))}"]
+    out += ["", _summary(st["store"]), "", "top namespaces"]
+    for n in st["namespaces"][:10]:
+        nm = n["misses"]
+        pages = ", ".join(f"{k}: {v}" for k, v in n["pages"].items()) or "none"
+        out += [f"  {n['namespace_id']}" + (f" ({n['label']})" if n["label"] else ""),
+                f"    pages     {pages} ({_size(n['bytes'])}); stored {n['stored_pages']}, "
+                f"removed {n['removed_pages']}",
+                f"    lookups   {n['lookup_hit_blocks']} hit, {n['lookup_miss_blocks']} missed; "
+                f"1m {_pct(n['hit_rate_1m'])}, 15m {_pct(n['hit_rate_15m'])}",
+                f"    loads     {n['loaded_pages']} served, {n['load_missed_pages']} missed; "
+                f"recomputed {nm['declined']}",
+                f"    misses    corrupt {nm['corrupt']}, expired {nm['expired']}, "
+                f"timeout {nm['timeout']}"]
+    return "\n".join(out)
+
+
+def render(st: dict[str, Any], width: int | None = None) -> Group | str:
+    """The tables where they fit ``width`` (default: the console's) at their natural width,
+    else the stacked layout: a squeezed table ellipsizes its headers ("pol…")."""
+    width = console.width if width is None else width
+    wide = _tables(st)
+    unbounded = console.options.update_width(10_000)  # measure() clamps to the options' width
+    fits = all(console.measure(r, options=unbounded).maximum <= width for r in wide.renderables
+               if isinstance(r, Table))
+    return wide if fits else _stacked(st)
 
 
 def stats(
@@ -121,11 +175,16 @@ def stats(
         min=0.1, help="refresh every this many seconds until Ctrl-C")] = None,
     times: Annotated[int, typer.Option(min=0, help="with --watch: stop after this many "
                                                     "refreshes (0: never)")] = 0,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="print the snapshot as JSON (the admin API's GET /v1/stats) and exit")] = False,
 ) -> None:
     """Print a running daemon's stats per tier and per namespace (its admin API)."""
     client = AdminClient(url, config)
+    if as_json:
+        typer.echo(json.dumps(client.call("GET", "/v1/stats"), indent=2))
+        return
     if watch is None:
-        console.print(render(client.call("GET", "/v1/stats")))
+        console.print(render(client.call("GET", "/v1/stats")), markup=False)
         return
     n = 0
     with Live(render(client.call("GET", "/v1/stats")), console=console, auto_refresh=False) as live:

@@ -1,6 +1,8 @@
 """Counters over time: a background thread samples the store's metrics every ``interval_s``
 and keeps 15 minutes of samples, from which the admin API computes windowed hit rates and the
-dashboard's rates (bytes/s, evictions/s). Reads only the metrics registry, tier occupancy and
+dashboard's rates (bytes/s, evictions/s). Lookup hits and misses come from the per-namespace
+counters (summed), not the store-wide lookup metric: that metric also counts the admin API's
+where-is queries, so a rate from it disagreed with every namespace's (issue 35). Reads only the metrics registry, tier occupancy and
 the store's per-namespace counters (their own small lock): never takes the store lock, never
 does tier I/O.
 
@@ -16,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from kvstore.namespace_stats import NamespaceSnapshot
+from kvstore.namespace_stats import NamespaceCounts, NamespaceSnapshot
 from kvstore.store import COPY_REASONS, TieredStore
 
 WINDOW_15M_S = 900.0
@@ -38,7 +40,7 @@ class Sample:
     mono: float
     tiers: dict[str, TierSample]
     copies: dict[str, float]  # "reason->tier": pages
-    lookup_hit: float
+    lookup_hit: float  # blocks, summed over every namespace's counters (see the docstring)
     lookup_miss: float
     namespaces: NamespaceSnapshot
 
@@ -58,10 +60,18 @@ def take(store: TieredStore) -> Sample:
         )
     copies = {f"{r}->{t.name}": v("kvstore_copies_total", reason=r, tier=t.name)
               for r in COPY_REASONS for t in store.tiers}
-    return Sample(time.time(), time.monotonic(), tiers, copies,
-                  v("kvstore_lookup_blocks_total", result="hit"),
-                  v("kvstore_lookup_blocks_total", result="miss"),
-                  store.namespace_counts.snapshot())
+    ns = store.namespace_counts.snapshot()
+    total = totals(ns)
+    return Sample(time.time(), time.monotonic(), tiers, copies, total.lookup_hit,
+                  total.lookup_miss, ns)
+
+
+def totals(ns: NamespaceSnapshot) -> NamespaceCounts:
+    """Every namespace's counters summed: the tracked rows and the ones past the cap."""
+    out = ns.other
+    for row in ns.rows.values():
+        out = out.plus(row)
+    return out
 
 
 def ratio(hits: float, misses: float) -> float | None:

@@ -85,7 +85,9 @@ class TierStatsOut(_Out):
     used_bytes: int
     hits: int
     misses: Misses
-    hit_rate_1m: float | None = Field(description="hits / reads over the last minute; null: no reads")
+    hit_rate_1m: float | None = Field(description=(
+        "read hits / pages read over the last minute (loads, gets: not lookups, "
+        "which only ask for presence); null: no reads"))
     hit_rate_15m: float | None
     bytes_in: int = Field(description="payload bytes written into the tier")
     bytes_out: int = Field(description="payload bytes read out of the tier")
@@ -138,13 +140,20 @@ class NamespaceStats(NamespaceTraffic):
 
 
 class StoreStatsOut(_Out):
-    lookup_hit_blocks: int
-    lookup_miss_blocks: int
+    """Store-wide traffic: every namespace's counters summed (the rows of ``namespaces``, those
+    past the top 20, and ``other_namespaces``), so it agrees with them. Calls that name no
+    namespace -- the admin API's where-is lookups -- are not traffic and not counted here (the
+    Prometheus ``kvstore_lookup_blocks_total`` counts them)."""
+
+    lookup_hit_blocks: int = Field(description="blocks of the leading runs clients' lookups found")
+    lookup_miss_blocks: int = Field(description="blocks clients' lookups asked for past that run")
     lookup_hit_rate_1m: float | None
     lookup_hit_rate_15m: float | None
-    declined_blocks: int = Field(description="matched blocks an in-process connector recomputed "
-                                             "instead of loading (load-or-recompute)")
-    loaded_blocks: int = Field(description="matched blocks below host a connector chose to load")
+    loaded_pages: int = Field(description="pages loads pinned (prepare_load) and reads returned: "
+                                          "what the daemon served, whichever process asked")
+    load_missed_pages: int = Field(description="pages loads and reads asked for and missed")
+    declined_blocks: int = Field(description="matched blocks a connector recomputed instead of "
+                                             "loading (load-or-recompute), as clients told it")
     active_leases: int
     copies_pages: dict[str, int] = Field(description="'reason->tier': pages copied into a tier")
 

@@ -27,7 +27,7 @@ from kvstore.tiers.base import Tier
 from kvstore.tiers.redis import RedisTier
 from server.admin import schemas as s
 from server.admin.events import EventBroker
-from server.admin.sampler import WINDOW_15M_S, Sample, Sampler, ratio
+from server.admin.sampler import WINDOW_15M_S, Sample, Sampler, ratio, totals
 
 #: keys deleted per store call during a flush (progress is reported between calls)
 FLUSH_BATCH = 256
@@ -118,14 +118,17 @@ class AdminService:
         lat = self._latencies()
         tiers = [self._tier_stats(t, ts, now, m1, m15, lat.get(t.name, {}))
                  for t, ts in zip(self.store.tiers, st.tiers)]
-        v = self.store.metrics.value
+        # one source for the store row: the per-namespace counters (summed), which the daemon
+        # keeps for every client call that names its namespace -- lookups, loads (the staging
+        # path's prepare_load, gets) and declines -- so the row agrees with the namespaces'
+        total = totals(now.namespaces)
         store = s.StoreStatsOut(
-            lookup_hit_blocks=st.lookup_hit_blocks, lookup_miss_blocks=st.lookup_miss_blocks,
+            lookup_hit_blocks=total.lookup_hit, lookup_miss_blocks=total.lookup_miss,
             lookup_hit_rate_1m=ratio(now.lookup_hit - m1.lookup_hit, now.lookup_miss - m1.lookup_miss),
             lookup_hit_rate_15m=ratio(now.lookup_hit - m15.lookup_hit,
                                       now.lookup_miss - m15.lookup_miss),
-            declined_blocks=int(v("kvstore_connector_decisions_total", decision="recompute")),
-            loaded_blocks=int(v("kvstore_connector_decisions_total", decision="load")),
+            loaded_pages=total.load_hit, load_missed_pages=total.load_miss,
+            declined_blocks=total.declined,
             active_leases=st.active_leases, copies_pages=dict(st.copies))
         removals = [s.Removal(at=r.at, tier=r.tier, pages=r.pages,
                               namespace_ids=[n.hex() for n in r.namespace_ids])
