@@ -141,3 +141,17 @@ def test_on_a_terminal_progress_is_a_bar_that_leaves_no_lines() -> None:
     assert "7/7" in drawn  # 1 load + 2 runs x (warm-up + 1 turn) + 2 host turns, all done
     assert "[1/7]" not in drawn  # no log lines on a terminal
     assert "multi-turn chat on small" in tables.getvalue()
+
+
+def test_the_warm_up_is_turn_1_long_and_shares_no_block_with_the_chat() -> None:
+    """Both engines run a warm-up as long as turn 1's prompt before turn 1 is timed, so turn 1
+    costs the same with and without the cache; the warm-up must not seed the cache with a block
+    of the chat."""
+    from runtime.demo import _user_text, _warm_up
+    from runtime.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    first = tok.encode(SYSTEM_PROMPT, add_bos=True) + tok.encode(_user_text(0))
+    warm = _warm_up(tok, len(first))
+    assert len(warm) == len(first)
+    assert warm[:16] != first[:16]  # the first block differs: no key of the chat is stored
