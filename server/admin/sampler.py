@@ -1,5 +1,5 @@
 """Counters over time: a background thread samples the store's metrics every ``interval_s``
-and keeps 15 minutes of samples, from which the admin API computes windowed hit rates and the
+and keeps an hour of samples (:data:`RETAIN_S`), from which the admin API computes windowed hit rates and the
 dashboard's rates (bytes/s, evictions/s). Lookup hits and misses come from the per-namespace
 counters (summed), not the store-wide lookup metric: that metric also counts the admin API's
 where-is queries, so a rate from it disagreed with every namespace's (issue 35). Reads only the metrics registry, tier occupancy and
@@ -8,7 +8,12 @@ does tier I/O.
 
 Memory: a sample's per-namespace part is a shallow copy of the store's rows, which are
 immutable and shared between samples while unchanged -- at the store's cap of 1024 namespaces,
-about 40 KiB a sample, 18 MiB for 15 minutes at the default 2 s interval."""
+about 40 KiB a sample, 18 MiB for 15 minutes at the default 2 s interval. Only the newest
+15 minutes keep it (the namespaces' windows reach no further); older samples keep the tiers',
+the copies' and the summed lookup counters (about 2 KiB each, 3 MiB for the other 45 minutes
+at 2 s). Both parts are deques of a fixed length (``ceil(window / interval_s) + 2``), so memory
+is bounded by the interval the daemon was configured with; the history route serves at most
+:data:`RETAIN_S` of it."""
 
 from __future__ import annotations
 
@@ -16,12 +21,13 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kvstore.namespace_stats import NamespaceCounts, NamespaceSnapshot
+from kvstore.namespace_stats import ZERO, NamespaceCounts, NamespaceSnapshot
 from kvstore.store import COPY_REASONS, TieredStore
 
 WINDOW_15M_S = 900.0
+RETAIN_S = 3600.0  # the longest window the history route serves (the dashboard's "1 h")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +89,11 @@ class Sampler:
     def __init__(self, store: TieredStore, interval_s: float = 2.0) -> None:
         self.store = store
         self.interval_s = interval_s
-        self._samples: deque[Sample] = deque(maxlen=math.ceil(WINDOW_15M_S / interval_s) + 2)
+        # invariant: every sample in _old is older than every one in _recent; _recent is full
+        # before anything moves to _old, which holds them without their namespaces' rows
+        self._recent: deque[Sample] = deque(maxlen=math.ceil(WINDOW_15M_S / interval_s) + 2)
+        self._old: deque[Sample] = deque(
+            maxlen=math.ceil((RETAIN_S - WINDOW_15M_S) / interval_s) + 2)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,19 +114,41 @@ class Sampler:
                 return
             self.sample()
 
+    def now(self) -> Sample:
+        """The counters now, not kept: a request's sample must not take a periodic one's place
+        in the fixed-length history (a dashboard polling every interval would halve the span)."""
+        return take(self.store)
+
     def sample(self) -> Sample:
+        """Take a sample and keep it (the background thread's, every ``interval_s``)."""
         s = take(self.store)
         with self._lock:
-            self._samples.append(s)
+            if len(self._recent) == self._recent.maxlen:
+                self._old.append(_without_namespaces(self._recent[0]))
+            self._recent.append(s)
         return s
 
     def samples(self) -> list[Sample]:
+        """Oldest first, up to :data:`RETAIN_S`; those older than 15 minutes have no
+        namespaces' rows (:attr:`Sample.namespaces` is empty, its ``other`` zero)."""
         with self._lock:
-            return list(self._samples)
+            return [*self._old, *self._recent]
+
+    def recent(self) -> list[Sample]:
+        """The last 15 minutes' samples, with their namespaces' rows, oldest first."""
+        with self._lock:
+            return list(self._recent)
 
     def since(self, now: Sample, window_s: float) -> Sample:
         """The oldest sample within ``window_s`` before ``now`` (``now`` itself if none)."""
-        for s in self.samples():
+        for s in self.recent() if window_s <= WINDOW_15M_S else self.samples():
             if now.mono - s.mono <= window_s + self.interval_s / 2:
                 return s
         return now
+
+
+_NO_NAMESPACES = NamespaceSnapshot({}, ZERO, 0)
+
+
+def _without_namespaces(s: Sample) -> Sample:
+    return replace(s, namespaces=_NO_NAMESPACES)

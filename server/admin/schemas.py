@@ -179,7 +179,9 @@ class StatsOut(_Out):
 
 
 class TierPoint(_Out):
-    hit_rate: float | None
+    hit_rate: float | None = Field(description="hits / reads during this interval; null: none")
+    hits: float = Field(description="pages read from this tier during this interval")
+    misses: float = Field(description="pages this tier missed during this interval")
     used_pages: int
     bytes_in_per_s: float
     bytes_out_per_s: float
@@ -187,15 +189,33 @@ class TierPoint(_Out):
 
 
 class HistoryPoint(_Out):
-    at: float
+    at: float = Field(description="unix time at the interval's end")
     tiers: dict[str, TierPoint]
     copies_bytes_per_s: dict[str, float] = Field(description="'reason->tier': bytes/s copied into a tier")
-    lookup_hit_rate: float | None
+    lookup_hit_blocks: float = Field(description="blocks lookups found during this interval "
+                                                 "(every namespace's, summed)")
+    lookup_miss_blocks: float
+    lookup_hit_rate: float | None = Field(description="during this interval; null: no lookups")
+
+
+class HistoryWindow(_Out):
+    """The whole window's totals: defined while the store is idle if the window saw traffic."""
+
+    start: float = Field(description="unix time of the window's oldest sample")
+    end: float = Field(description="unix time of the newest sample (taken for this response)")
+    lookup_hit_blocks: float
+    lookup_miss_blocks: float
+    lookup_hit_rate: float | None = Field(description="blocks found / blocks looked up over the "
+                                                      "window; null: no lookups in it")
+    tier_hit_rate: dict[str, float | None] = Field(
+        description="per tier: page hits / page reads over the window; null: no reads")
 
 
 class HistoryOut(_Out):
     interval_s: float
-    points: list[HistoryPoint] = Field(description="oldest first, up to 15 minutes")
+    window_s: float = Field(description="the window asked for")
+    window: HistoryWindow
+    points: list[HistoryPoint] = Field(description="oldest first, the last window_s seconds")
 
 
 class NamespaceIn(_In):

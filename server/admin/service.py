@@ -112,7 +112,7 @@ class AdminService:
 
     def stats(self) -> s.StatsOut:
         st = self.store.stats()
-        now = self.sampler.sample()
+        now = self.sampler.now()
         m1 = self.sampler.since(now, 60.0)
         m15 = self.sampler.since(now, WINDOW_15M_S)
         lat = self._latencies()
@@ -181,14 +181,20 @@ class AdminService:
                 p50_s=_quantile(bs, 0.5), p99_s=_quantile(bs, 0.99), count=int(total))
         return out
 
-    def history(self) -> s.HistoryOut:
+    def history(self, window_s: float = WINDOW_15M_S) -> s.HistoryOut:
+        """Rates per sample interval over the last ``window_s`` (at most ``sampler.RETAIN_S``, what
+        the sampler keeps) and the window's totals: the hit rates over the whole window, which
+        stay defined while the store is idle as long as the window saw a lookup."""
         page = self.store.layout.page_bytes
+        now = self.sampler.now()
+        samples = [x for x in self.sampler.samples()
+                   if now.mono - x.mono <= window_s + self.sampler.interval_s / 2]
         points = []
-        samples = self.sampler.samples()
         for a, b in itertools.pairwise(samples):
             dt = max(b.mono - a.mono, 1e-9)
             tiers = {n: s.TierPoint(
                 hit_rate=ratio(tb.hits - ta.hits, tb.misses - ta.misses), used_pages=tb.used_pages,
+                hits=tb.hits - ta.hits, misses=tb.misses - ta.misses,
                 bytes_in_per_s=(tb.bytes_in - ta.bytes_in) / dt,
                 bytes_out_per_s=(tb.bytes_out - ta.bytes_out) / dt,
                 evictions_per_s=(tb.evictions - ta.evictions) / dt)
@@ -196,8 +202,18 @@ class AdminService:
             copies = {k: (c - a.copies.get(k, 0.0)) * page / dt for k, c in b.copies.items()}
             points.append(s.HistoryPoint(
                 at=b.at, tiers=tiers, copies_bytes_per_s={k: x for k, x in copies.items() if x},
+                lookup_hit_blocks=b.lookup_hit - a.lookup_hit,
+                lookup_miss_blocks=b.lookup_miss - a.lookup_miss,
                 lookup_hit_rate=ratio(b.lookup_hit - a.lookup_hit, b.lookup_miss - a.lookup_miss)))
-        return s.HistoryOut(interval_s=self.sampler.interval_s, points=points)
+        first = samples[0] if samples else now
+        hits, misses = now.lookup_hit - first.lookup_hit, now.lookup_miss - first.lookup_miss
+        totals_ = s.HistoryWindow(
+            start=first.at, end=now.at, lookup_hit_blocks=hits, lookup_miss_blocks=misses,
+            lookup_hit_rate=ratio(hits, misses),
+            tier_hit_rate={n: ratio(t.hits - first.tiers[n].hits, t.misses - first.tiers[n].misses)
+                           for n, t in now.tiers.items() if n in first.tiers})
+        return s.HistoryOut(interval_s=self.sampler.interval_s, window_s=window_s,
+                            window=totals_, points=points)
 
     def namespaces(self, now: Sample, m1: Sample, m15: Sample) -> list[s.NamespaceStats]:
         """Pages per namespace in each local tier (a scan of the tiers' indexes, at most once

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -106,3 +107,32 @@ def test_events_stream_stored_and_removed_pages(admin_daemon: AdminDaemon,
     assert all(set(d["namespace_ids"]) == {NS.id.hex()} for d in stored)
     removed = [d for k, d in got if k == "removed"]
     assert removed and set(removed[0]["keys"]) == {k.hex() for k in keys}
+
+
+def test_history_serves_the_window_asked_for_and_its_hit_rate_while_idle(
+        admin_daemon: AdminDaemon, api: httpx.Client) -> None:
+    keys = load(admin_daemon)
+    with DaemonStore(admin_daemon.target, NS.id) as s:
+        for _ in range(2):
+            assert s.lookup(keys).num_blocks == 8
+    time.sleep(1.5)  # idle for several sample intervals (0.25 s)
+    h = api.get("/v1/stats/history", params={"window_s": 60}).json()
+    assert h["window_s"] == 60 and h["interval_s"] == 0.25
+    w = h["window"]
+    assert w["end"] - w["start"] <= 60 + 0.25 and h["points"][-1]["at"] <= w["end"]
+    assert all(p["at"] >= w["end"] - 60 - 0.25 for p in h["points"])
+    last = h["points"][-1]  # idle: this interval looked nothing up ...
+    assert last["lookup_hit_blocks"] == 0 and last["lookup_hit_rate"] is None
+    # ... but the window did: its rate stays (two lookups of the 8 stored blocks, all found)
+    assert (w["lookup_hit_blocks"], w["lookup_miss_blocks"], w["lookup_hit_rate"]) == (16, 0, 1.0)
+    assert sum(p["lookup_hit_blocks"] for p in h["points"]) == 16
+    assert w["tier_hit_rate"]["host"] == 1.0
+    assert sum(p["tiers"]["host"]["hits"] for p in h["points"]) == 8  # the reads of load()
+
+    short = api.get("/v1/stats/history", params={"window_s": 0.5}).json()  # after the traffic
+    assert short["window"]["lookup_hit_blocks"] == 0 and short["window"]["lookup_hit_rate"] is None
+    assert 1 <= len(short["points"]) <= 4
+    assert api.get("/v1/stats/history").json()["window_s"] == 900  # the default: 15 minutes
+    for bad in (0, -1, 3601, "an hour"):
+        r = api.get("/v1/stats/history", params={"window_s": bad})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "window_s"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.admin import schemas as s
 from server.admin.deps import Service
+from server.admin.sampler import RETAIN_S, WINDOW_15M_S
 
 router = APIRouter(tags=["stats"], responses={401: s.ERRORS[401]})
 
@@ -19,9 +22,13 @@ def stats(service: Service) -> s.StatsOut:
 
 
 @router.get("/v1/stats/history", response_model=s.HistoryOut,
-            summary="Rates per sample interval over the last 15 minutes (the dashboard's charts)")
-def history(service: Service) -> s.HistoryOut:
-    return service.history()
+            summary="Rates per sample interval over the last window_s seconds, and the window's "
+                    "hit rates (the dashboard's charts)")
+def history(service: Service,
+            window_s: Annotated[float, Query(gt=0, le=RETAIN_S, description=(
+                "how far back, in seconds (the sampler keeps an hour)"))] = WINDOW_15M_S,
+            ) -> s.HistoryOut:
+    return service.history(window_s)
 
 
 @router.get("/metrics", response_class=Response, summary="Prometheus text format",
