@@ -209,6 +209,8 @@ class InProcessScheduler(KVConnectorScheduler):
         self._loads: list[LoadSpec] = []
         self._saves: list[SaveSpec] = []
         self._transfers: set[str] = set()  # requests with saves or async loads handed out
+        # once per namespace: the store's stats then name it by model and tenant, not by id
+        store.label_namespace(namespace.id, namespace.label)
 
     @property
     def keys_namespace_id(self) -> bytes:

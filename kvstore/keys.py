@@ -43,6 +43,7 @@ import xxhash
 from kvstore import native_chain as native_chain_module
 from kvstore.errors import InvalidArgument
 from kvstore.layout import KVLayout
+from kvstore.namespace_labels import label_of
 
 KEY_BYTES = 16
 _MAX_TOKEN_ID = 2**31 - 1
@@ -93,6 +94,12 @@ class Namespace:
     def id(self) -> bytes:
         """The 16-byte namespace id carried in every record header (the seed)."""
         return self.seed
+
+    @property
+    def label(self) -> str:
+        """What stats and the admin API show for this namespace: the model id and the tenant
+        salt, never the secret or the seed (see :mod:`kvstore.namespace_labels`)."""
+        return label_of(self.model_id, self.tenant_salt)
 
     def chain(self, token_ids: Any) -> BlockChain:
         """Keys of every full block of ``token_ids``."""

@@ -56,6 +56,7 @@ from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
 from kvstore.metrics import Metrics
 from kvstore.mover import Mover
+from kvstore.namespace_labels import NamespaceLabels, check_label
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
@@ -140,6 +141,8 @@ class TieredStore(StagingPath):
         #: lookups, loads and misses per namespace, of the calls that name one (see
         #: :mod:`kvstore.namespace_stats`)
         self.namespace_counts = NamespaceCounters()
+        #: who each namespace id is, as its users registered it (:meth:`label_namespace`)
+        self.namespace_labels = NamespaceLabels()
         # Warm tiers (a disk index reopened after a restart) seed their policies.
         for tier, policy in zip(self.tiers, self.policies):
             for key in tier.keys():
@@ -252,6 +255,14 @@ class TieredStore(StagingPath):
         check_count("num_blocks", num_blocks, 0)
         if num_blocks:
             self.namespace_counts.add(namespace_id, NamespaceCounts(declined=num_blocks))
+
+    def label_namespace(self, namespace_id: bytes, label: str) -> None:
+        """Record ``label`` (:attr:`Namespace.label <kvstore.keys.Namespace.label>`) as the
+        human name of ``namespace_id`` in :attr:`namespace_labels`, for stats; once per
+        namespace is enough. Past the cap of labelled namespaces (1024) it is not kept. Raises
+        InvalidArgument for a bad id or label (see :func:`kvstore.namespace_labels.check_label`)."""
+        check_namespace(namespace_id)
+        self.namespace_labels.set(namespace_id, check_label(label))
 
     @property
     def has_remote_tiers(self) -> bool:

@@ -13,8 +13,10 @@ import httpx
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from kvstore import ConfigError, KVStoreError, load_config
 from kvstore.errors import TierUnavailable
@@ -95,6 +97,12 @@ def _summary(s: dict[str, Any]) -> str:
             f"blocks; leases: {s['active_leases']}")
 
 
+def _named(n: dict[str, Any]) -> str:
+    """A namespace row's id, and its label (the model id and tenant) when it has one (null:
+    the id alone)."""
+    return n["namespace_id"] + (f" ({n['label']})" if n["label"] else "")
+
+
 def _tables(st: dict[str, Any]) -> Group:
     """The wide layout: a table of tiers, one of namespaces. Headers are short so a table that
     fits never ellipsizes them; a read hit is a page a load or get read, not a lookup's."""
@@ -117,7 +125,7 @@ def _tables(st: dict[str, Any]) -> Group:
         spaces.add_column(col, justify="left" if col in ("namespace", "pages per tier") else "right")
     for n in st["namespaces"][:10]:
         nm = n["misses"]
-        spaces.add_row(n["namespace_id"] + (f" ({n['label']})" if n["label"] else ""),
+        spaces.add_row(escape(_named(n)),  # a label is client text: never rich markup
                        ", ".join(f"{k}: {v}" for k, v in n["pages"].items()),
                        _size(n["bytes"]), str(n["stored_pages"]), str(n["removed_pages"]),
                        _pct(n["hit_rate_1m"]), _pct(n["hit_rate_15m"]),
@@ -146,7 +154,7 @@ def _stacked(st: dict[str, Any]) -> str:
     for n in st["namespaces"][:10]:
         nm = n["misses"]
         pages = ", ".join(f"{k}: {v}" for k, v in n["pages"].items()) or "none"
-        out += [f"  {n['namespace_id']}" + (f" ({n['label']})" if n["label"] else ""),
+        out += [f"  {_named(n)}",
                 f"    pages     {pages} ({_size(n['bytes'])}); stored {n['stored_pages']}, "
                 f"removed {n['removed_pages']}",
                 f"    lookups   {n['lookup_hit_blocks']} hit, {n['lookup_miss_blocks']} missed; "
@@ -158,7 +166,7 @@ def _stacked(st: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def render(st: dict[str, Any], width: int | None = None) -> Group | str:
+def render(st: dict[str, Any], width: int | None = None) -> Group | Text:
     """The tables where they fit ``width`` (default: the console's) at their natural width,
     else the stacked layout: a squeezed table ellipsizes its headers ("pol…")."""
     width = console.width if width is None else width
@@ -166,7 +174,8 @@ def render(st: dict[str, Any], width: int | None = None) -> Group | str:
     unbounded = console.options.update_width(10_000)  # measure() clamps to the options' width
     fits = all(console.measure(r, options=unbounded).maximum <= width for r in wide.renderables
                if isinstance(r, Table))
-    return wide if fits else _stacked(st)
+    # Text, not str: a label is client text, and a str would be read as rich markup by --watch
+    return wide if fits else Text(_stacked(st))
 
 
 def stats(

@@ -56,7 +56,8 @@ from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExcee
 from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
+from kvstore.namespace_labels import check_label
+from kvstore.namespace_stats import MAX_NAMESPACES, NamespaceCounters, NamespaceCounts
 from kvstore.record import WIRE, RecordMac, wire_fields
 from kvstore.results import Lease, LookupResult, PutResult
 from kvstore.staging import LoadHandle, StoreHandle
@@ -176,6 +177,9 @@ class DaemonStore:
         #: the prefix is writing it) has no block to tell it by
         self._store_ns: dict[int, bytes] = {}
         self._bandwidth: dict[str, float] = {}
+        #: namespace id -> its label, told to the daemon once per session (again after a
+        #: reconnect: a restarted daemon forgot them); as many as the daemon keeps
+        self._labels: dict[bytes, str] = {}
         self._session_id = ""
         self._connected = False
         self._channel: grpc.Channel | None = None
@@ -263,6 +267,10 @@ class DaemonStore:
             old.close()
         threading.Thread(target=self._watch_session, args=(stream,), daemon=True,
                          name="kvstore-daemon-session").start()
+        with self._lock:
+            labels = list(self._labels.items())
+        for ns, label in labels:  # a new session: the daemon may be a new process
+            self._tell_label(ns, label)
         return info
 
     def _wait_ready(self, channel: grpc.Channel) -> None:
@@ -573,6 +581,26 @@ class DaemonStore:
                 self._pool.submit(self._tell, "CountDeclined", req)
             except RuntimeError:  # closed meanwhile: counted here only
                 self._failed("CountDeclined")
+
+    def label_namespace(self, namespace_id: bytes, label: str) -> None:
+        """As :meth:`TieredStore.label_namespace`: told to the daemon without waiting for the
+        reply, once per namespace per session (a per-namespace scheduler calls this when it is
+        created). InvalidArgument for a bad id or label, before anything is sent."""
+        _check_ns(namespace_id)
+        check_label(label)
+        with self._lock:
+            if self._labels.get(namespace_id) == label:
+                return
+            if namespace_id in self._labels or len(self._labels) < MAX_NAMESPACES:
+                self._labels[namespace_id] = label
+        self._tell_label(namespace_id, label)
+
+    def _tell_label(self, namespace_id: bytes, label: str) -> None:
+        req = pb.LabelRequest(namespace_id=namespace_id, label=label.encode())
+        try:
+            self._pool.submit(self._tell, "LabelNamespace", req)
+        except RuntimeError:  # closed meanwhile
+            self._failed("LabelNamespace")
 
     def _tell(self, call: str, request: Any) -> None:
         """A call whose answer nobody waits for (on the client's pool); a failure is counted."""

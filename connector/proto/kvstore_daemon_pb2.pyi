@@ -398,3 +398,11 @@ class DeclinedRequest(_message.Message):
     namespace_id: bytes
     blocks: int
     def __init__(self, namespace_id: _Optional[bytes] = ..., blocks: _Optional[int] = ...) -> None: ...
+
+class LabelRequest(_message.Message):
+    __slots__ = ("namespace_id", "label")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    label: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., label: _Optional[bytes] = ...) -> None: ...

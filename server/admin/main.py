@@ -19,14 +19,18 @@ from server.admin.deps import AdminSettings
 from server.admin.guard import Guard
 from server.admin.headers import SecurityHeaders
 from server.admin.routers import dashboard, events, health, lookup, namespaces, stats, tiers
-from server.admin.service import AdminService
+from server.admin.service import AdminService, UnknownNamespace
 
 TITLE = "kvstore admin API"
 
 
 def error_response(exc: KVStoreError) -> JSONResponse:
-    """The one mapping of kvstore's errors to HTTP: their ``http_status``, message and hint."""
-    return JSONResponse({"detail": exc.message, "hint": exc.hint}, status_code=exc.http_status)
+    """The one mapping of kvstore's errors to HTTP: their ``http_status``, message and hint
+    (and, for an unknown namespace label, the namespaces to pick from)."""
+    body: dict[str, Any] = {"detail": exc.message, "hint": exc.hint}
+    if isinstance(exc, UnknownNamespace):
+        body["namespaces"] = [n.model_dump(mode="json") for n in exc.namespaces]
+    return JSONResponse(body, status_code=exc.http_status)
 
 
 class _AdminApp(FastAPI):

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvstore.namespace_labels import MAX_LABEL_BYTES
 from kvstore.policy import POLICIES
 
 HexKey = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{32}$", description="16 bytes as 32 hex digits")]
@@ -23,9 +24,22 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class NamespaceRef(_Out):
+    """A namespace to pick: its id, its label and the pages it holds."""
+
+    namespace_id: HexKey
+    label: str | None = Field(description="the model id and tenant its users registered; null: "
+                                          "none did")
+    pages: int = Field(description="page copies it holds, summed over the local tiers (shared "
+                                   "tiers: not scanned)")
+
+
 class ErrorOut(_Out):
     detail: str = Field(description="what was wrong")
     hint: str = Field("", description="what to change")
+    namespaces: list[NamespaceRef] | None = Field(
+        None, description="a lookup by an unknown namespace_label (404): the namespaces there "
+                          "are, with pages or a label, most pages first (at most 20)")
 
 
 class Health(_Out):
@@ -132,7 +146,10 @@ class OtherNamespaces(NamespaceTraffic):
 
 class NamespaceStats(NamespaceTraffic):
     namespace_id: HexKey
-    label: str = Field(description="the configured namespace's model id, else empty")
+    label: str | None = Field(description=(
+        "who the namespace is: the model id and tenant (\"model · tenant t\") its users "
+        "registered (a connector's scheduler does), else the configured namespace's; null: "
+        "unknown"))
     pages: dict[str, int] = Field(description="pages held per local tier (shared tiers: not scanned)")
     bytes: int
     stored_pages: int = Field(description="pages stored into any tier since the admin API started")
@@ -226,15 +243,20 @@ class NamespaceIn(_In):
 
 
 class LookupIn(_In):
-    """Exactly one of ``token_ids`` (the prompt) and ``block_keys``. With token ids the keys are
-    computed in ``namespace`` (default: the configured one); with block keys, ``namespace_id``
-    (or ``namespace``) names whose pages count."""
+    """Exactly one of ``token_ids`` (the prompt) and ``block_keys``, and at most one of
+    ``namespace``, ``namespace_id`` and ``namespace_label``. With token ids the keys are
+    computed in ``namespace`` (default: the configured one) or in the namespace labelled
+    ``namespace_label``; with block keys, any of the three names whose pages count."""
 
     token_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(
         None, max_length=MAX_LOOKUP_BLOCKS * 64)
     block_keys: list[HexKey] | None = Field(None, max_length=MAX_LOOKUP_BLOCKS)
     namespace: NamespaceIn | None = None
     namespace_id: HexKey | None = None
+    namespace_label: str | None = Field(
+        None, min_length=1, max_length=MAX_LABEL_BYTES,
+        description="a label of the stats' namespaces (e.g. \"some/model · tenant t1\"): "
+                    "the namespace its users registered; unknown: 404 listing the namespaces")
 
 
 class BlockWhere(_Out):
@@ -252,6 +274,10 @@ class LookupOut(_Out):
     num_blocks: int
     num_leading: int = Field(description="blocks a connector load of this prefix finds")
     blocks: list[BlockWhere]
+    namespaces: list[NamespaceRef] | None = Field(
+        None, description="when the namespace asked for holds no pages (none of these blocks, "
+                          "none in the local tiers): the namespaces there are, to pick from "
+                          "(most pages first, at most 20); null otherwise")
 
 
 class TierFlush(_Out):

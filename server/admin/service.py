@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.keys import Namespace
+from kvstore.keys import Namespace, chain_keys, token_bytes
 from kvstore.metrics import TierStats
 from kvstore.namespace_stats import NamespaceCounts
 from kvstore.policy import POLICIES, EvictionPolicy
@@ -42,6 +42,15 @@ class NotFound(KVStoreError):
     a REST client it is a missing resource. (Its place is kvstore/errors.py, beside the others.)"""
 
     http_status = 404
+
+
+class UnknownNamespace(NotFound):
+    """No namespace goes by the label a lookup asked for; ``namespaces``: the ones there are,
+    so the client can pick (the error body carries them)."""
+
+    def __init__(self, message: str, namespaces: list[s.NamespaceRef], hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.namespaces = namespaces
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +228,27 @@ class AdminService:
         """Pages per namespace in each local tier (a scan of the tiers' indexes, at most once
         per sample interval) and each namespace's traffic (``now``'s counters, windowed
         against ``m1`` and ``m15``): largest first, then busiest."""
+        held = self._held()
+        page = self.store.layout.page_bytes
+        label = self._labeller()
+        traffic = now.namespaces
+
+        def order(ns: bytes) -> tuple[int, int, bytes]:
+            c = traffic.get(ns)
+            return -sum(held.get(ns, {}).values()), -(c.lookup_hit + c.lookup_miss), ns
+
+        top = sorted(held.keys() | traffic.rows.keys(), key=order)[:_TOP_NAMESPACES]
+        return [s.NamespaceStats(
+            namespace_id=ns.hex(), label=label(ns),
+            pages=held.get(ns, {}), bytes=sum(held.get(ns, {}).values()) * page,
+            stored_pages=self.events.stored.get(ns, 0),
+            removed_pages=self.events.removed.get(ns, 0),
+            **_traffic(traffic.get(ns), m1.namespaces.get(ns), m15.namespaces.get(ns)))
+            for ns in top]
+
+    def _held(self) -> dict[bytes, dict[str, int]]:
+        """Pages per namespace id per local tier: a scan of the tiers' indexes, at most once
+        per sample interval (shared tiers are not scanned)."""
         at, held = self._ns_cache
         if time.monotonic() - at >= self.sampler.interval_s:
             held = {}
@@ -231,22 +261,24 @@ class AdminService:
                         per = held.setdefault(meta.namespace_id, {})
                         per[t.name] = per.get(t.name, 0) + 1
             self._ns_cache = (time.monotonic(), held)
-        page = self.store.layout.page_bytes
-        mine = self._default_namespace().id
-        traffic = now.namespaces
+        return held
 
-        def order(ns: bytes) -> tuple[int, int, bytes]:
-            c = traffic.get(ns)
-            return -sum(held.get(ns, {}).values()), -(c.lookup_hit + c.lookup_miss), ns
+    def _labeller(self) -> Callable[[bytes], str | None]:
+        """The label of a namespace id: the one its users registered with the store, else the
+        configured namespace's for its id; None when neither (never an empty string)."""
+        labels = self.store.namespace_labels.snapshot()
+        mine = self._default_namespace()
+        return lambda ns: labels.get(ns) or (mine.label if ns == mine.id else None)
 
-        top = sorted(held.keys() | traffic.rows.keys(), key=order)[:_TOP_NAMESPACES]
-        return [s.NamespaceStats(
-            namespace_id=ns.hex(), label=self.defaults.model_id if ns == mine else "",
-            pages=held.get(ns, {}), bytes=sum(held.get(ns, {}).values()) * page,
-            stored_pages=self.events.stored.get(ns, 0),
-            removed_pages=self.events.removed.get(ns, 0),
-            **_traffic(traffic.get(ns), m1.namespaces.get(ns), m15.namespaces.get(ns)))
-            for ns in top]
+    def known_namespaces(self) -> list[s.NamespaceRef]:
+        """The namespaces holding pages in local tiers or labelled, most pages first."""
+        held = self._held()
+        label = self._labeller()
+        pages = {ns: sum(per.values()) for ns, per in held.items()}
+        ids = pages.keys() | self.store.namespace_labels.snapshot().keys()
+        top = sorted(ids, key=lambda ns: (-pages.get(ns, 0), ns))[:_TOP_NAMESPACES]
+        return [s.NamespaceRef(namespace_id=ns.hex(), label=label(ns), pages=pages.get(ns, 0))
+                for ns in top]
 
     # ----------------------------------------------------------------- lookup
 
@@ -258,9 +290,16 @@ class AdminService:
     def lookup(self, req: s.LookupIn) -> s.LookupOut:
         if (req.token_ids is None) == (req.block_keys is None):
             raise InvalidArgument("give exactly one of token_ids and block_keys")
-        if req.namespace is not None and req.namespace_id is not None:
-            raise InvalidArgument("give at most one of namespace and namespace_id")
-        if req.namespace_id is not None:
+        if sum(x is not None for x in (req.namespace, req.namespace_id, req.namespace_label)) > 1:
+            raise InvalidArgument("give at most one of namespace, namespace_id and "
+                                  "namespace_label")
+        if req.namespace_label is not None:
+            # the id is the namespace's seed (kvstore.keys), so token ids chain from it
+            ns_id = self._id_of_label(req.namespace_label)
+            keys = (chain_keys(ns_id, token_bytes(req.token_ids), self.store.layout.block_size)
+                    if req.token_ids is not None else
+                    [bytes.fromhex(k) for k in req.block_keys or []])
+        elif req.namespace_id is not None:
             if req.token_ids is not None:
                 raise InvalidArgument("token_ids need a namespace (model_id, tenant_salt), "
                                       "not a namespace_id: keys are computed from its seed")
@@ -283,8 +322,30 @@ class AdminService:
             reason = "loadable" if i < leading else ("absent" if tier is None else "after_miss")
             blocks.append(s.BlockWhere(index=i, key=k.hex(), tier=tier, loadable=i < leading,
                                        reason=reason))  # type: ignore[arg-type]
+        empty = all(w is None for w in where) and ns_id not in self._held()
         return s.LookupOut(namespace_id=ns_id.hex(), num_blocks=len(keys), num_leading=leading,
-                           blocks=blocks)
+                           blocks=blocks, namespaces=self.known_namespaces() if empty else None)
+
+    def _id_of_label(self, label: str) -> bytes:
+        """The namespace id labelled ``label`` (registered, or the configured namespace's).
+        UnknownNamespace, listing the namespaces there are, when none is."""
+        ids = self.store.namespace_labels.ids_of(label)
+        mine = self._default_namespace()
+        if not ids and label == mine.label:
+            ids = [mine.id]
+        if len(ids) > 1:
+            raise InvalidArgument(
+                f"{len(ids)} namespaces are labelled {label!r}: "
+                f"{', '.join(ns.hex() for ns in sorted(ids))}",
+                hint="name it by namespace (model_id, tenant_salt), or by namespace_id with "
+                     "block_keys")
+        if not ids:
+            known = self.known_namespaces()
+            raise UnknownNamespace(
+                f"no namespace is labelled {label!r}; there are {len(known)}"
+                + "".join(f"; {n.namespace_id} ({n.label or 'no label'})" for n in known[:5]),
+                known, hint="use one of the labels in namespaces (or in /v1/stats)")
+        return ids[0]
 
     def _where(self, ns: bytes, keys: list[bytes]) -> list[str | None]:
         """The fastest tier holding each key under ``ns`` (a local tier's index tells the

@@ -40,6 +40,7 @@ import numpy as np
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, TierUnavailable
 from kvstore.events import StoreEvent
 from kvstore.keys import KEY_BYTES, BlockMeta, unpack_keys
+from kvstore.namespace_labels import check_label
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
@@ -388,6 +389,13 @@ class DaemonService:
         """A client recomputes ``blocks`` matched blocks of ``ns`` instead of loading them."""
         check_namespace(ns)
         self.store.count_declined(ns, blocks)
+
+    def label_namespace(self, ns: bytes, label: bytes) -> None:
+        """A client names ``ns`` (its model and tenant) for the stats; ``label`` as the wire
+        carries it: InvalidArgument unless it is short UTF-8 text (see
+        :func:`kvstore.namespace_labels.check_label`)."""
+        check_namespace(ns)
+        self.store.label_namespace(ns, check_label(label))
 
     def delete(self, ns: bytes, keys: Sequence[bytes]) -> int:
         keys = self._keys(ns, keys)

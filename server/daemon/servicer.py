@@ -291,6 +291,11 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         return pb.Empty()
 
     @_unary
+    def LabelNamespace(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.service.label_namespace(request.namespace_id, request.label)
+        return pb.Empty()
+
+    @_unary
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Any:
         st = self.service.stats(request.check_integrity)
         tiers = [pb.TierStats(name=t.name, kind=t.kind, capacity_pages=t.capacity_pages,

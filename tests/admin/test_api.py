@@ -1,7 +1,7 @@
 """The admin API on a live daemon: stats after real traffic, Prometheus text that
 prometheus-client's own parser reads, readiness, a policy switch, bad input answered with a
-4xx naming the problem (404 for a tier or a job that does not exist), and server-sent events
-of stored and removed pages."""
+4xx naming the problem (404 for a tier or a job that does not exist), server-sent events
+of stored and removed pages, and namespaces named by their label (stats, lookups)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from connector.daemon.client import DaemonStore
-from tests.admin.conftest import AdminDaemon, namespace, pages
+from connector.inprocess import InProcessScheduler
+from kvstore import Namespace
+from tests.admin.conftest import LAYOUT, AdminDaemon, namespace, pages
 
 NS = namespace()
 
@@ -136,3 +138,47 @@ def test_history_serves_the_window_asked_for_and_its_hit_rate_while_idle(
     for bad in (0, -1, 3601, "an hour"):
         r = api.get("/v1/stats/history", params={"window_s": bad})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "window_s"]
+
+
+def test_namespaces_carry_their_label_in_stats_and_lookups(admin_daemon: AdminDaemon,
+                                                           api: httpx.Client) -> None:
+    """An engine of another model than the daemon's default ("test"): its scheduler labels the
+    namespace; the stats name it, /v1/lookup finds its pages by that label, and a label no
+    namespace has is answered with the namespaces there are."""
+    ns = Namespace("some/model", LAYOUT, "t1")
+    tokens = list(range(500, 500 + 3 * 16))
+    chain = ns.chain(tokens)
+    with DaemonStore(admin_daemon.target) as client:
+        InProcessScheduler(client.scoped(ns.id), ns, num_blocks=8)  # type: ignore[arg-type]
+        assert client.write_pages(chain.metas(), pages(3, 7)).stored == 3
+    deadline = time.monotonic() + 10
+    while True:  # the label is told without waiting; the stats scan pages once per interval
+        rows = {r["namespace_id"]: r for r in api.get("/v1/stats").json()["namespaces"]}
+        row = rows.get(ns.id.hex())
+        if (row and row["label"] and row["pages"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert row is not None and row["label"] == "some/model · tenant t1", rows
+    assert row["pages"] == {"host": 3, "disk": 3}
+
+    found = api.post("/v1/lookup", json={"token_ids": tokens,
+                                         "namespace_label": "some/model · tenant t1"})
+    assert found.status_code == 200, found.text
+    body = found.json()
+    assert (body["namespace_id"], body["num_leading"]) == (ns.id.hex(), 3)
+    assert body["namespaces"] is None
+    # the default namespace ("test") holds nothing: the answer lists the ones that do
+    default = api.post("/v1/lookup", json={"token_ids": tokens}).json()
+    assert default["num_leading"] == 0
+    assert default["namespaces"] == [
+        {"namespace_id": ns.id.hex(), "label": "some/model · tenant t1", "pages": 6}]
+
+    unknown = api.post("/v1/lookup", json={"token_ids": tokens, "namespace_label": "other/model"})
+    assert unknown.status_code == 404, unknown.text
+    err = unknown.json()
+    assert "no namespace is labelled 'other/model'" in err["detail"]
+    assert err["namespaces"] == [
+        {"namespace_id": ns.id.hex(), "label": "some/model · tenant t1", "pages": 6}]
+    both = api.post("/v1/lookup", json={"token_ids": tokens, "namespace_id": ns.id.hex(),
+                                        "namespace_label": "x"})
+    assert both.status_code == 400 and "at most one of" in both.json()["detail"]

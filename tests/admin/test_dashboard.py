@@ -3,7 +3,7 @@
 hold data (read from the DOM the page's script built), the time-window selector sets the
 charts' x range (opened at ``#window=60`` and ``#window=3600``, which set the selector and fire
 its change event), consecutive evictions of a tier are one row, namespace ids are whole (in
-the cell and its title), the browser reports no violation of the page's
+the cell and its title) beside their label ('—' for none), the browser reports no violation of the page's
 Content-Security-Policy (its console, on stderr), and a screenshot is saved as a CI artifact
 (tests/artifacts/dashboard.png)."""
 
@@ -40,6 +40,7 @@ def test_the_dashboard_shows_live_data_in_headless_chromium(tmp_path: Path) -> N
         def traffic() -> None:  # two tenants writing and reading until the browser is done
             spaces = [namespace("alpha"), namespace("beta")]
             clients = [DaemonStore(d.target, ns.id) for ns in spaces]
+            clients[0].label_namespace(spaces[0].id, spaces[0].label)  # beta goes unlabelled
             i = 0
             try:
                 while not stop.is_set() and i < 400:
@@ -105,6 +106,8 @@ def test_the_dashboard_shows_live_data_in_headless_chromium(tmp_path: Path) -> N
     for ns in (namespace("alpha"), namespace("beta")):
         assert f'<code class="nsid" title="{ns.id.hex()}">{ns.id.hex()}</code>' in dom
     assert "<th>label</th>" in dom
+    assert '<td class="label">test · tenant alpha</td>' in dom, dom[-3000:]
+    assert '<td class="label muted">—</td>' in dom  # beta: no label, and never an empty cell
     # the chart's styles: tier input solid, copies dashed (write_back into disk)
     legend = dom.split('id="bandwidth-legend"')[1].split("</div>")[0]
     assert 'data-style="solid"' in legend and 'data-style="dashed"' in legend, legend

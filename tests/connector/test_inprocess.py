@@ -560,3 +560,9 @@ def test_unexpected_errors_fail_the_transfer_not_the_engine(
         "they are not stored (a later miss)",
         "kvstore load of 4 block(s) failed (reason error): RuntimeError: copy failed; they are "
         "recomputed"]
+
+
+def test_the_scheduler_labels_its_namespace_with_the_store(host_store: TieredStore) -> None:
+    ns = Namespace("some/model", host_store.layout, "t1")
+    InProcessScheduler(host_store, ns, num_blocks=NUM_BLOCKS)
+    assert host_store.namespace_labels.snapshot() == {ns.id: "some/model · tenant t1"}

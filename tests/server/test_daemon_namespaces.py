@@ -1,15 +1,22 @@
 """One :class:`DaemonStore` serving many namespaces over its one session (what an engine whose
 requests carry their own salts needs): lookups name their namespace or go through a scoped
 view, leases remember theirs, presence checks need none; and an engine whose page layout is not
-the daemon's is refused, naming both."""
+the daemon's is refused, naming both; a namespace's label is told once per session, and a bad
+label is refused at the daemon's boundary."""
 
 from __future__ import annotations
 
+import time
+
+import grpc
 import numpy as np
 import pytest
 
 from connector.build import connect_daemon
 from connector.daemon import DaemonStore
+from connector.inprocess import InProcessScheduler
+from connector.proto import kvstore_daemon_pb2 as pb
+from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore import InvalidArgument, KVLayout, Namespace
 from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc
 
@@ -82,3 +89,31 @@ def test_an_engine_layout_that_is_not_the_daemons_is_refused(daemon: DaemonProc)
     with connect_daemon(daemon.target, LAYOUT) as client:
         assert client.layout == LAYOUT
         np.testing.assert_equal(client.staging_tier().slab.shape[1], LAYOUT.page_bytes)
+
+
+def test_a_label_is_told_once_per_namespace_and_bad_ones_are_refused(daemon: DaemonProc) -> None:
+    with DaemonStore(daemon.target) as client:
+        before = client.calls["grpc"]
+        for _ in range(2):  # two schedulers of one namespace: told once
+            InProcessScheduler(client.scoped(NS_A.id), NS_A, num_blocks=8)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5  # the tell is fire-and-forget, on the client's pool
+        while client.calls["grpc"] == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # a second tell, were there one, would have been counted by now
+        assert client.calls["grpc"] - before == 1 and not client.failures
+        with pytest.raises(InvalidArgument, match="1 to 256 bytes"):  # refused before sending
+            client.label_namespace(NS_B.id, "x" * 300)
+    # at the daemon's boundary: not UTF-8, too long, a control character, a bad id
+    with grpc.insecure_channel(daemon.target) as ch:
+        stub = pb_grpc.KVStoreDaemonStub(ch)
+        for ns, label, match in ((NS_A.id, b"\xff\xfe", "UTF-8 text"),
+                                 (NS_A.id, b"x" * 257, "1 to 256 bytes"),
+                                 (NS_A.id, b"", "1 to 256 bytes"),
+                                 (NS_A.id, b"a\x00b", "control character"),
+                                 (b"abc", b"ok", "namespace id must be 16 bytes")):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.LabelNamespace(pb.LabelRequest(namespace_id=ns, label=label), timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+            assert match in (err.value.details() or ""), err.value.details()
+        stub.LabelNamespace(pb.LabelRequest(namespace_id=NS_B.id, label=NS_B.label.encode()),
+                            timeout=5)  # and it still serves

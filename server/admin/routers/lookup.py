@@ -8,7 +8,10 @@ from server.admin import schemas as s
 from server.admin.deps import Service
 
 router = APIRouter(tags=["lookup"],
-                   responses={400: s.ERRORS[400], 401: s.ERRORS[401], 413: s.ERRORS[413]})
+                   responses={400: s.ERRORS[400], 401: s.ERRORS[401], 413: s.ERRORS[413],
+                              404: {"model": s.ErrorOut,
+                                    "description": "no namespace has that namespace_label: "
+                                                   "the body lists the namespaces there are"}})
 
 
 @router.post("/v1/lookup", response_model=s.LookupOut,
