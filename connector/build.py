@@ -71,13 +71,16 @@ def connect_daemon(target: str, layout: KVLayout, *, token: str | None = None,
     remote = DaemonStore(target, namespace_id, token=token, secret=secret)
     try:
         if remote.layout != layout:
+            fields = _layout_fields(layout)
             want = ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}"
-                             for k, v in _layout_fields(layout).items()).replace("'", '"')
+                             for k, v in fields.items()).replace("'", '"')
+            env = " ".join(f"KVSTORE_LAYOUT__{k.upper()}={v}" for k, v in fields.items())
             raise InvalidArgument(
                 f"the kvstore daemon at {target} stores pages of {remote.layout} "
                 f"({remote.layout.page_bytes} bytes); this engine's are {layout} "
                 f"({layout.page_bytes} bytes)",
-                hint=f"start the daemon with [layout] {want}")
+                hint=f"start the daemon with [layout] {want} (in its config file, or as {env} "
+                     "over the embedded default)")
         if cuda:
             remote.register_for_dma()
     except BaseException:
