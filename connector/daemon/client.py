@@ -169,10 +169,9 @@ class DaemonStore:
         self.owner = next(_owners)
         self._lock = threading.Lock()
         self._open: set[int] = set()  # handle ids issued and not yet completed/aborted
-        #: lease id -> the namespace it was granted under; pruned of expired leases (one
-        #: handed to another process by its ticket is used up there, unseen here)
-        self._lease_ns: dict[int, bytes] = {}
-        self._lease_expiry: dict[int, float] = {}
+        #: lease id -> (the namespace it was granted under, its expiry); pruned of expired
+        #: leases (one handed to another process by its ticket is used up there, unseen here)
+        self._lease_ns: dict[int, tuple[bytes, float]] = {}
         #: store handle id -> its namespace: a handle that reserved nothing (another save of
         #: the prefix is writing it) has no block to tell it by
         self._store_ns: dict[int, bytes] = {}
@@ -559,10 +558,9 @@ class DaemonStore:
         one another process's client got from the daemon (vLLM's scheduler leases, its worker
         loads) -- the daemon hands it over to this session, under ``namespace_id``."""
         with self._lock:
-            ns = self._lease_ns.pop(lease.id, None) if lease.owner == self.owner else None
-            self._lease_expiry.pop(lease.id, None)
-        if ns is not None:
-            return ns, b""
+            held = self._lease_ns.pop(lease.id, None) if lease.owner == self.owner else None
+        if held is not None:
+            return held[0], b""
         if lease.ticket and (namespace_id is not None or self.namespace_id is not None):
             return self._ns(namespace_id), lease.ticket
         raise LeaseError(f"lease {lease.id} is not one this client holds",
@@ -642,11 +640,9 @@ class DaemonStore:
         with self._lock:
             if len(self._lease_ns) >= 1024:  # drop what expired (the daemon has, too)
                 now = time.monotonic()
-                for lid in [i for i, t in self._lease_expiry.items() if t <= now]:
-                    self._lease_ns.pop(lid, None)
-                    del self._lease_expiry[lid]
-            self._lease_ns[lease.id] = ns
-            self._lease_expiry[lease.id] = lease.expires_at
+                for lid in [i for i, (_, t) in self._lease_ns.items() if t <= now]:
+                    del self._lease_ns[lid]
+            self._lease_ns[lease.id] = (ns, lease.expires_at)
 
     def _contains(self, tier: str, keys: Sequence[bytes]) -> tuple[list[bool], int]:
         keys = list(keys)
@@ -666,8 +662,8 @@ class DaemonStore:
         ticket = b""
         if lease is not None:
             with self._lock:
-                lease_ns = self._lease_ns.get(lease.id) if lease.owner == self.owner else None
-            if lease_ns is not None and lease_ns != namespace_id:
+                held = self._lease_ns.get(lease.id) if lease.owner == self.owner else None
+            if held is not None and held[0] != namespace_id:
                 raise InvalidArgument(f"lease {lease.id} belongs to another namespace",
                                       hint="load under the namespace of the lookup")
             _, ticket = self._take_lease(lease, namespace_id)  # the handle takes the lease over
@@ -725,7 +721,7 @@ class DaemonStore:
     def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
         if not handle.id:
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
-        req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._ns_of(handle),
+        req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._end_store_handle(handle),
                                handle_id=handle.id, ok=ok)
         try:
             r = self._call("CompleteStore", req)
@@ -737,14 +733,14 @@ class DaemonStore:
     def abort(self, handle: StoreHandle) -> None:
         if not handle.id:
             return
-        req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._ns_of(handle),
+        req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._end_store_handle(handle),
                                handle_id=handle.id)
         try:
             self._call("Abort", req)
         except DaemonUnavailable:
             self._failed("abort")  # the daemon aborts the session's handles itself
 
-    def _ns_of(self, handle: StoreHandle) -> bytes:
+    def _end_store_handle(self, handle: StoreHandle) -> bytes:
         """The namespace ``handle`` was prepared under (forgotten: the handle is being ended)."""
         with self._lock:
             self._open.discard(handle.id)
