@@ -57,6 +57,15 @@ without the store / median with it (target >= 0.98); the totals of both sequence
 a note. Saves go straight into host slots the store reserves (``prepare_store``), so a prompt
 saved while the previous one is still being published needs no staging of its own.
 
+Start (:func:`measure_startup`, run first in the process, before anything else has compiled
+a kernel): an hbm pool and an ``Engine`` built with ``capture_graphs_at_start=True`` (timed:
+``engine start``; the model is built before and not counted), then one new prompt of
+``startup_length`` tokens (``first request after start``, computed) and the same prompt again
+(``first hbm hit after start``), against the steady medians of that engine afterwards (``engine
+cold``, ``engine hbm hit``) -- target: the first hit <= 1.5 x a steady one. The other cases'
+engines leave capture to their warm-up run (``capture_graphs_at_start=False``): they measure
+steady state, and each new pool would capture every shape again.
+
 Timed on the GPU for 4K, 16K and 32K tokens (disk at 4K and 16K; Redis at 4K), on the CPU for
 256 and 1K tokens (all cases). Everything a length allocates is freed before the next one.
 """
@@ -107,6 +116,7 @@ TARGET_FLOOR = 1 / 1.25  # host hit <= 1.25 x (PCIe floor + suffix compute)
 TARGET_OVERLAP = 1 / 1.1  # layer-wise host hit <= 1.1 x max(load, compute)
 TARGET_NO_REUSE = 0.98  # <= 2 % overhead with the store attached and nothing found
 TARGET_DAEMON = 0.9  # the daemon's host-hit speedup >= 0.9 x the in-process connector's
+TARGET_FIRST_HIT = 1 / 1.5  # the first hbm hit after start <= 1.5 x a steady hbm hit
 
 
 class BenchError(RuntimeError):
@@ -126,12 +136,13 @@ class Plan:
     redis_lengths: frozenset[int]
     gpu: bool
     daemon_lengths: frozenset[int] = frozenset()
+    startup_length: int = 256
 
     @classmethod
     def for_device(cls, gpu: bool) -> Plan:
         if gpu:
             return cls((4096, 16384, 32768), 3, 4, frozenset({4096, 16384}),
-                       frozenset({4096}), True, frozenset({4096, 32768}))
+                       frozenset({4096}), True, frozenset({4096, 32768}), 1024)
         # CPU: each run takes milliseconds, so more of them make the medians robust on a
         # noisy 2-core machine at little cost (the engine part stays under ~15 s).
         return cls((256, 1024), 5, 8, frozenset({256, 1024}), frozenset({256, 1024}), False,
@@ -224,7 +235,9 @@ def _evict(store: TieredStore, tier: str) -> None:
 
 
 def _engine_kwargs(n: int) -> dict[str, Any]:
-    return {"max_num_batched_tokens": max(n, 512), "max_num_seqs": 8}
+    # steady-state cases: capture in the warm-up run (see the module docstring)
+    return {"max_num_batched_tokens": max(n, 512), "max_num_seqs": 8,
+            "capture_graphs_at_start": False}
 
 
 def _pool_blocks(n: int) -> int:
@@ -543,6 +556,66 @@ def _daemon_case(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, prompt
                              f"{daemon.tail()}")
 
 
+# ===================================================================== start
+
+
+def measure_startup(model: LlamaForPagedLM, cfg: ModelConfig, name: str, device: torch.device,
+                    plan: Plan) -> EngineResults:
+    """The start of an engine over ``model`` and its first two requests against its steady
+    state (see the module docstring). Run it before anything else in the process."""
+    res = EngineResults()
+    n = plan.startup_length
+    reuse = (n - 1) // BLOCK * BLOCK
+    layout = cfg.kv_layout(BLOCK)
+    ns = Namespace(f"bench/ttft/{name}/{cfg.dtype}/startup", layout)
+    prompts = _Prompts(cfg.vocab_size, seed=3)
+    graphs = model.step_graphs
+    _free_memory(device)
+    t0 = time.perf_counter()
+    pool = HBMTier("hbm", layout, _pool_blocks(n), Metrics(), device=device)
+    engine = Engine(model, pool, ns, **{**_engine_kwargs(n), "capture_graphs_at_start": True})
+    _sync(device)
+    start_s = time.perf_counter() - t0
+    try:
+        late = len(graphs.late_shapes) if graphs is not None else 0
+        p = prompts.new(n)
+        first_cold, out = _timed_generate(engine, p, device)
+        _expect(out, {"hbm": 0}, f"first request after start, {n} tokens")
+        first_hit, out = _timed_generate(engine, p, device)
+        _expect(out, {"hbm": reuse}, f"first hbm hit after start, {n} tokens")
+        late = (len(graphs.late_shapes) if graphs is not None else 0) - late
+        hit = _timed_case(engine, lambda: p, lambda: None, {"hbm": reuse},
+                          f"steady hbm hit, {n} tokens", device, plan.runs)
+        cold = _timed_case(engine, lambda: prompts.new(n), lambda: None, {"hbm": 0},
+                           f"steady cold, {n} tokens", device, plan.runs)
+        up = engine.startup
+    finally:
+        engine.close()
+        del engine, pool
+        _free_memory(device)
+    case = f"{name}/{n}-tokens"
+    res.lines = [
+        measurement(BENCH, case, "engine start (graph capture)", "time", start_s, "s"),
+        measurement(BENCH, case, "first request after start", "ttft", first_cold * 1e3, "ms",
+                    baseline="engine cold (steady)", baseline_value=cold * 1e3,
+                    higher_is_better=False),
+        measurement(BENCH, case, "first hbm hit after start", "ttft", first_hit * 1e3, "ms",
+                    baseline="engine hbm hit (steady, same prompt)", baseline_value=hit * 1e3,
+                    higher_is_better=False),
+    ]
+    mode = graphs.mode if graphs is not None else "off"
+    res.notes.append(
+        f"engine start at {n} tokens (step graphs {mode}): {start_s:.2f} s, of which "
+        f"{up.capture_s:.2f} s preparing {up.num_shapes} step shapes ({up.num_captured} "
+        f"captured as CUDA graphs); {late} shapes first met by the first two requests")
+    ratio = first_hit / hit
+    res.headline.append(
+        f"first hbm hit after start at {n} tokens: {ratio:.2f}x a steady hit (target <= "
+        f"{1 / TARGET_FIRST_HIT:g}x: {_verdict(hit / first_hit >= TARGET_FIRST_HIT)}); engine "
+        f"start {start_s:.1f} s with {up.num_captured} graph captures")
+    return res
+
+
 # ===================================================================== driver
 
 
@@ -719,4 +792,4 @@ def _headline(results: dict[int, dict[str, float]], plan: Plan) -> list[str]:
     return out
 
 
-__all__ = ["BenchError", "EngineResults", "Plan", "measure"]
+__all__ = ["BenchError", "EngineResults", "Plan", "measure", "measure_startup"]

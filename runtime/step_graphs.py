@@ -16,13 +16,25 @@ layers (its load waits and save starts), as in the eager forward. Graphs are cap
 first step of a shape (after one eager warm-up with empty metadata, which writes nothing) into
 one memory pool, and dropped when the KV pool changes.
 
+Off the request's path: :func:`reachable_shapes` lists every shape an engine's steps can take
+given its scheduler limits, and :meth:`StepGraphs.prepare` captures them before the first
+request (the engine does at start, ``Engine(capture_graphs_at_start=True)``). A shape first met
+on a step anyway is recorded in :attr:`StepGraphs.late_shapes` (in mode ``"cuda"`` each one was
+a capture on that request's path), so tests can prove the enumeration complete. Graphs belong
+to one pool at a time: a model that steps over another pool (a second engine sharing it) drops
+them, and the shapes are captured again -- off the path only if that engine prepares them
+again (an engine prepares at its start, so engines sharing a model and taking turns capture on
+every switch: give each engine its own model).
+
 Mode ``"eager"`` runs the same padded steps without graphs: the CPU path (the kernels run under
 Triton's interpreter there) and the reference that graph replay must match token for token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -34,6 +46,7 @@ from runtime.batch import Batch
 from runtime.fused_kernels import add_rmsnorm, rope_write_kv, silu_mul
 
 if TYPE_CHECKING:
+    from runtime.config import ModelConfig
     from runtime.model import DecoderLayer, LayerHooks, LlamaForPagedLM
 
 #: Steps of at most this many tokens (and logits rows) run here; longer ones run eagerly
@@ -48,12 +61,81 @@ def _pow2(n: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class _Shape:
+class StepShape:
+    """A padded step's launch shape: ``tokens`` rows (a power of two), ``seqs`` sequences (a
+    power of two, at most ``tokens``), ``logits`` rows (a power of two, at most ``seqs``), and
+    the attention kernel's ``block_q`` and ``num_splits`` (``runtime.attention.paged``). One
+    set of graphs per shape."""
+
     tokens: int
     seqs: int
     logits: int
     block_q: int
     num_splits: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareReport:
+    """What :meth:`StepGraphs.prepare` did: ``num_shapes`` asked for, ``num_captured`` of them
+    captured now (the others were ready already; always 0 in mode ``"eager"``, which has
+    nothing to capture), in ``seconds`` (device work included)."""
+
+    num_shapes: int
+    num_captured: int
+    seconds: float
+
+
+@functools.lru_cache(maxsize=16)
+def reachable_shapes(config: ModelConfig, device: torch.device, *, max_num_batched_tokens: int,
+                     max_num_seqs: int, max_chunk_tokens: int) -> tuple[StepShape, ...]:
+    """Every shape that a step of a model of ``config`` on ``device`` can run as here, under a
+    scheduler with these limits (``runtime.scheduler.SchedulerConfig``; ``max_chunk_tokens``
+    is its ``max_chunk_tokens``). A superset where exactness would cost more than a few shapes;
+    ordered smallest first.
+
+    A step of ``t <= min(max_num_batched_tokens, MAX_TOKENS)`` tokens from ``s <= min(t,
+    max_num_seqs)`` sequences pads to ``tokens = pow2(t)``, ``seqs = pow2(s)``. Its logits rows
+    ``r`` are its chunks that end their request; a chunk that does not was cut by the chunk
+    size (at most ``t // max_chunk_tokens`` of those) or by the step's budget (the last chunk),
+    so ``r >= s - (t // max_chunk_tokens + 1)``, and ``logits = pow2(max(1, r))``. ``block_q``
+    is the short-query one when every sequence brings at most ``k = 16 // groups`` tokens
+    (``t <= s * k``; then each sequence is one query block) and the long one when one brings
+    more (``t >= s + k``); ``num_splits`` (``num_splits_for``) falls with the query blocks
+    ``q`` (``max(s, ceil(t / block_q)) <= q <= (t + s * (block_q - 1)) // block_q``) and rises
+    with the longest sequence ``L`` (``ceil(t / s) <= L <= max_position_embeddings``), so it
+    takes every power of two between its values at (most blocks, shortest L) and (fewest
+    blocks, longest L).
+
+    Count: 403 shapes for Llama-3-8B on an H200 (132 multiprocessors) with the engine's
+    defaults (512 tokens, 64 sequences a step); 129 for ``tiny`` on a CPU."""
+    groups, kv_heads = config.num_heads // config.num_kv_heads, config.num_kv_heads
+    max_pos = config.max_position_embeddings
+    k = 16 // groups
+    shapes: set[StepShape] = set()
+    for t in range(1, min(max_num_batched_tokens, MAX_TOKENS) + 1):
+        tokens = _pow2(t)
+        for s in range(1, min(t, max_num_seqs) + 1):
+            seqs = _pow2(s)
+            rmin = max(0, s - (t // max_chunk_tokens + 1))
+            logits = [1 << i for i in range(_pow2(max(1, rmin)).bit_length() - 1,
+                                            seqs.bit_length())]
+            classes: list[tuple[int, int, int, int]] = []  # (block_q, q min, q max, L min)
+            if t <= s * k:
+                block_q = block_q_for(1, groups)
+                assert block_q >= k, "a short query is one block"
+                classes.append((block_q, s, s, -(-t // s)))
+            if t >= s + k:
+                block_q = block_q_for(k + 1, groups)
+                classes.append((block_q, max(s, -(-t // block_q)),
+                                (t + s * (block_q - 1)) // block_q, max(k + 1, -(-t // s))))
+            for block_q, q_min, q_max, len_min in classes:
+                lo = num_splits_for(q_max, kv_heads, len_min, device)
+                hi = num_splits_for(q_min, kv_heads, max_pos, device)
+                splits = [1 << i for i in range(lo.bit_length() - 1, hi.bit_length())]
+                shapes.update(StepShape(tokens, seqs, r, block_q, n)
+                              for r in logits for n in splits)
+    return tuple(sorted(shapes, key=lambda sh: (sh.tokens, sh.seqs, sh.logits, sh.block_q,
+                                                sh.num_splits)))
 
 
 @dataclass(slots=True)
@@ -72,11 +154,15 @@ class StepGraphs:
         self.model = model
         self.mode = mode
         self._pool_key: tuple[int, tuple[int, ...]] | None = None
-        self._captured: dict[_Shape, _Graphs] = {}
+        self._captured: dict[StepShape, _Graphs] = {}
         self._mempool: Any = None  # torch.cuda.graph_pool_handle()
         self._bufs: dict[str, torch.Tensor] = {}
-        #: Captures so far (every shape's first step), for tests and benches.
+        self._ready: set[StepShape] = set()  # prepared or met, for the current pool
+        #: Captures so far (prepared, or a shape's first step), for tests and benches.
         self.num_captures = 0
+        #: Shapes first met on a step rather than prepared ahead (:meth:`prepare`), in order;
+        #: in mode ``"cuda"`` each was captured on that step's path.
+        self.late_shapes: list[StepShape] = []
 
     def fits(self, batch: Batch, kv_pool: torch.Tensor) -> bool:
         """Whether this step runs here: short enough, and its block tables fit the buffers."""
@@ -94,13 +180,16 @@ class StepGraphs:
         block_q = block_q_for(max(meta.num_new_tokens), groups)
         q_blocks = sum(-(-n // block_q) for n in meta.num_new_tokens)
         tokens = _pow2(meta.num_tokens)
-        shape = _Shape(
+        shape = StepShape(
             tokens=tokens, seqs=min(_pow2(meta.num_seqs), tokens),
             logits=_pow2(max(1, len(meta.logits_indices))), block_q=block_q,
             num_splits=num_splits_for(q_blocks, cfg.num_kv_heads, max(meta.seq_lens),
                                       kv_pool.device),
         )
         num_logits = len(meta.logits_indices)
+        if shape not in self._ready:
+            self._ready.add(shape)
+            self.late_shapes.append(shape)
         if self.mode == "eager":
             self._fill(batch, shape)
             logits = self._walk(self._bodies(shape, meta.block_size, kv_pool), hooks)
@@ -113,6 +202,33 @@ class StepGraphs:
         self._walk([g.replay for g in graphs.graphs], hooks)
         return graphs.logits[:num_logits].clone()
 
+    def prepare(self, shapes: Sequence[StepShape], kv_pool: torch.Tensor,
+                progress: Callable[[int], None] | None = None) -> PrepareReport:
+        """Make ``shapes`` ready for steps over ``kv_pool`` before any step needs them: mode
+        ``"cuda"`` captures those not captured yet (their warm-ups compile Triton's kernels
+        and let cuBLAS pick its own), mode ``"eager"`` only records them (nothing is compiled
+        or captured there). Steps of these shapes then add nothing to :attr:`late_shapes`.
+        Writes nothing into the pool (warm-ups and captures run with empty metadata); a pool
+        other than the last one's drops what was captured for that one first.
+        ``progress(done)`` is called after each shape. Raises InvalidArgument for a pool that
+        does not fit the model."""
+        self.model.check_kv_pool(kv_pool)
+        t0 = time.perf_counter()
+        self._check_pool(kv_pool)
+        captured = 0
+        with torch.inference_mode():
+            for done, shape in enumerate(shapes, 1):
+                if shape not in self._ready:
+                    if self.mode == "cuda":
+                        self._capture(shape, self._bodies(shape, kv_pool.shape[3], kv_pool))
+                        captured += 1
+                    self._ready.add(shape)
+                if progress is not None:
+                    progress(done)
+        if self.mode == "cuda":
+            torch.cuda.synchronize(kv_pool.device)
+        return PrepareReport(len(shapes), captured, time.perf_counter() - t0)
+
     # -- buffers -----------------------------------------------------------------------------
 
     def _check_pool(self, kv_pool: torch.Tensor) -> None:
@@ -122,6 +238,7 @@ class StepGraphs:
         if key == self._pool_key:
             return
         self._captured.clear()
+        self._ready.clear()
         self._mempool = None
         self._pool_key = key
         width = -(-self.model.config.max_position_embeddings // kv_pool.shape[3])
@@ -137,7 +254,7 @@ class StepGraphs:
             "lens": torch.zeros(2 * MAX_TOKENS + 1, dtype=i32, device=dev),
         }
 
-    def _step(self, shape: _Shape, block_size: int) -> PagedStep:
+    def _step(self, shape: StepShape, block_size: int) -> PagedStep:
         b = self._bufs
         return PagedStep(
             block_size=block_size,
@@ -150,7 +267,7 @@ class StepGraphs:
             num_splits=shape.num_splits,
         )
 
-    def _fill(self, batch: Batch, shape: _Shape) -> None:
+    def _fill(self, batch: Batch, shape: StepShape) -> None:
         """Copy the step into the buffers; padding writes nothing and reads row 0."""
         meta, b = batch.meta, self._bufs
         t, s, r = meta.num_tokens, meta.num_seqs, len(meta.logits_indices)
@@ -168,7 +285,7 @@ class StepGraphs:
                             dtype=torch.int32)
         b["lens"][: 2 * shape.seqs + 1].copy_(lens)
 
-    def _empty(self, shape: _Shape) -> None:
+    def _empty(self, shape: StepShape) -> None:
         """Metadata of a step that touches nothing: for warm-up and capture."""
         b = self._bufs
         b["slot_blocks"][: shape.tokens].fill_(-1)
@@ -177,7 +294,7 @@ class StepGraphs:
 
     # -- the step's pieces -------------------------------------------------------------------
 
-    def _bodies(self, shape: _Shape, block_size: int, kv_pool: torch.Tensor
+    def _bodies(self, shape: StepShape, block_size: int, kv_pool: torch.Tensor
                 ) -> list[Callable[[], torch.Tensor | None]]:
         """The step as ``num_layers + 2`` closures over the buffers; each returns its output
         tensor, which the next reads (captured: the graph's own output). A layer is the
@@ -227,7 +344,7 @@ class StepGraphs:
 
         return [pre, *(layer_body(i) for i in range(len(layers))), post]
 
-    def _capture(self, shape: _Shape, bodies: list[Callable[[], torch.Tensor | None]]
+    def _capture(self, shape: StepShape, bodies: list[Callable[[], torch.Tensor | None]]
                  ) -> _Graphs:
         self._empty(shape)
         side = torch.cuda.Stream()
