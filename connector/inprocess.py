@@ -621,8 +621,8 @@ class InProcessWorker(KVConnectorWorker):
         layers = spec.layer_views(self.layout)
         assert all(tuple(v.shape) == (spec.num_blocks, self._layer_bytes) for v in layers)
         xfer = make_transfer(layers, self._host.slab_tensor, self.layout.num_layers,
-                             self.layout.page_bytes,
-                             self._copy, self._saver, cpu_inline=self._cpu_inline)
+                             self.layout.page_bytes, self._copy, self._saver,
+                             cpu_inline=self._cpu_inline, save_slab=self._host.save_slab_tensor)
         if self._xfer is not None:
             self._xfer.close()
         self._spec, self._xfer = spec, xfer

@@ -146,8 +146,9 @@ class CpuTransfer(LayerTransfer):
 
     def __init__(self, layers: list[np.ndarray], slab: np.ndarray, num_layers: int,
                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor,
-                 inline: bool = False) -> None:
+                 inline: bool = False, save_slab: np.ndarray | None = None) -> None:
         self._layers, self._slab = layers, slab  # (num_blocks, S) per layer; (P, L, S)
+        self._save_slab = slab if save_slab is None else save_slab  # (P', L, S)
         self._L, self._page_bytes = num_layers, page_bytes
         self._copy, self._saver = copy_fn, saver
         self._copies: list[Future[None]] = []
@@ -173,7 +174,7 @@ class CpuTransfer(LayerTransfer):
         return SaveBuffer(tuple(block_ids), tuple(slots))
 
     def save_layer(self, buf: SaveBuffer, layer: int) -> None:
-        src, slab = self._layers[layer], self._slab
+        src, slab = self._layers[layer], self._save_slab
         spans = [(slab[s, layer], src[b]) for b, s in zip(buf.block_ids, buf.slots)]
         fut = self._saver.submit(self._copy, spans)
         buf.pending.append(fut)
@@ -274,8 +275,9 @@ class CudaTransfer(LayerTransfer):
     queue_on_caller = True
 
     def __init__(self, layers: list[torch.Tensor], slab: torch.Tensor, num_layers: int,
-                 page_bytes: int) -> None:
-        if not slab.is_pinned():
+                 page_bytes: int, save_slab: torch.Tensor | None = None) -> None:
+        save_slab = slab if save_slab is None else save_slab
+        if not (slab.is_pinned() and save_slab.is_pinned()):
             raise InvalidArgument(
                 "a CUDA KV cache needs a pinned host tier (DMA target), this one is pageable",
                 hint="leave the host tier's pin_memory on 'auto' (pinned when CUDA is present)",
@@ -284,8 +286,9 @@ class CudaTransfer(LayerTransfer):
         self._L, self._page_bytes = num_layers, page_bytes
         self._layers = layers  # (num_blocks, S) uint8 views per layer, on the GPU
         S = page_bytes // num_layers
-        self._slab = slab
+        self._slab, self._save_slab = slab, save_slab  # loads read the one, saves write the other
         self._slab_layers = [slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
+        self._save_layers = [save_slab.view(-1, num_layers, S)[:, lyr] for lyr in range(num_layers)]
         self._pages = _whole_pages(layers, page_bytes)
         self.saves_whole_pages = self._pages is not None
         # loads gate the layers waiting for them, and their copy kernels share the SMs with the
@@ -352,7 +355,7 @@ class CudaTransfer(LayerTransfer):
         if not buf.block_ids:
             return
         st: _CudaSave = buf.state
-        copy_rows(self._slab_layers[layer], self._layers[layer], st.slot_idx, st.block_idx,
+        copy_rows(self._save_layers[layer], self._layers[layer], st.slot_idx, st.block_idx,
                   max_blocks=self.save_blocks, stream=self._save_stream.cuda_stream)
 
     def save_pages(self, buf: SaveBuffer) -> None:
@@ -362,7 +365,7 @@ class CudaTransfer(LayerTransfer):
         self.begin_save_layer(self._L - 1)  # after the last layer's writes
         runs = index_runs(np.asarray(buf.block_ids, np.int64), np.asarray(buf.slots, np.int64))
         assert runs is not None  # no limit
-        pages, slab = self._pages, self._slab
+        pages, slab = self._pages, self._save_slab
         if len(runs) <= _DMA_RUNS or len(buf.block_ids) * self._page_bytes >= len(runs) * _DMA_RUN_BYTES:
             # the copy engine, one contiguous DMA per run: the prefill it overlaps keeps every SM
             with torch.cuda.stream(self._save_stream):
@@ -429,16 +432,20 @@ def _whole_pages(layers: list[torch.Tensor], page_bytes: int) -> torch.Tensor | 
 
 def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor, num_layers: int,
                   page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor, *,
-                  cpu_inline: bool = False) -> LayerTransfer:
+                  cpu_inline: bool = False, save_slab: torch.Tensor | None = None) -> LayerTransfer:
     """The transfer for the engine's cache: ``tensors_by_layer`` are ``(num_blocks, S)`` uint8
     views of each layer (CPU or one GPU); ``host_slab`` the staging tier's ``(P, page_bytes)``
-    slab (pinned for a CUDA cache). ``cpu_inline``: a CPU cache's loads copy on the engine
-    thread (see :class:`CpuTransfer`)."""
+    slab (pinned for a CUDA cache), which loads read; ``save_slab`` the rows that saves write
+    (the staging tier's ``save_slab_tensor``: over the daemon, the session's staging area;
+    None: ``host_slab``). ``cpu_inline``: a CPU cache's loads copy on the engine thread (see
+    :class:`CpuTransfer`)."""
     if tensors_by_layer[0].device.type == "cuda":
-        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes)
+        return CudaTransfer(tensors_by_layer, host_slab, num_layers, page_bytes, save_slab)
     layers = [t.numpy() for t in tensors_by_layer]
     slab = host_slab.numpy().reshape(host_slab.shape[0], num_layers, -1)
-    return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver, inline=cpu_inline)
+    save = None if save_slab is None else save_slab.numpy().reshape(save_slab.shape[0], num_layers, -1)
+    return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver, inline=cpu_inline,
+                       save_slab=save)
 
 
 __all__ = ["CpuTransfer", "CudaTransfer", "LayerTransfer", "SaveBuffer", "make_transfer"]

@@ -41,7 +41,8 @@ def build_store(
     try:
         for i, tcfg in enumerate(cfg.tiers):
             extra = (tier_kwargs or {}).get(tcfg.name, {})
-            tiers.append(_open_tier(i, tcfg, layout, metrics, mac, extra))
+            tiers.append(_open_tier(i, tcfg, layout, metrics, mac,
+                                    cfg.security.store_token_ids, extra))
         s = cfg.store
         return TieredStore(
             layout,
@@ -61,9 +62,10 @@ def build_store(
 
 
 def _open_tier(i: int, tcfg: TierConfig, layout: KVLayout, metrics: Metrics,
-               mac: RecordMac, extra: Mapping[str, Any]) -> Tier:
+               mac: RecordMac, store_token_ids: bool, extra: Mapping[str, Any]) -> Tier:
     try:
-        return make_tier(tcfg, layout, metrics, mac=mac, **extra)
+        return make_tier(tcfg, layout, metrics, mac=mac, store_token_ids=store_token_ids,
+                         **extra)
     except InvalidArgument as exc:
         # A host slab is one mapping of its whole capacity: more than the machine can map is a
         # configuration error of that entry (the tier itself refuses it before mapping).

@@ -125,10 +125,19 @@ class SecurityConfig(Strict):
 
     Without one, records carry a MAC under a public key (integrity only: anyone who can write
     a shared tier can forge pages) and keys are computed from the salt alone; a store with a
-    Redis tier warns at start."""
+    Redis tier warns at start.
+
+    ``store_token_ids``: whether disk and Redis records (and the disk index) keep each block's
+    token ids in clear. Off by default: a block's key, a hash of its whole prefix, identifies
+    its page without them, and whoever can read the disk or Redis does not read prompts. On:
+    readers also check that each key hashes from its parent and tokens (``kvstore.record``).
+    Turning it off does not rewrite pages already stored."""
 
     secret: SecretStr | None = Field(None, description="the deployment secret (never printed)")
     secret_file: FilePath | None = Field(None, description="a file holding the secret")
+    store_token_ids: bool = Field(
+        False, description="keep token ids in clear in disk and Redis records (default: not)"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> SecurityConfig:
@@ -182,6 +191,15 @@ class DaemonConfig(Strict):
                        "calls of same-node clients on <socket>.lane (0600), beside gRPC")
     lane_connections: PositiveInt = Field(
         1024, description="lane connections open at once (a client opens up to 4)")
+    staging_bytes: Size | None = Field(None, ge=1, description=(
+        "each session's staging area: its saves in flight are written there (clients map the "
+        "slab read-only) and copied into the slab at complete_store; default: as large as the "
+        "host tier. Memory is taken only as written (a session keeps its largest save in "
+        "flight resident); saves past it are refused (counted)"))
+    copy_threads: int = Field(default_factory=lambda: min(8, max(1, (os.cpu_count() or 2) // 2)),
+                              ge=1, le=64, description=(
+        "threads that copy a large completed save from a staging area into the slab "
+        "(default: half the cores, at most 8)"))
 
     @model_validator(mode="after")
     def _tcp_needs_token(self) -> DaemonConfig:

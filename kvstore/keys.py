@@ -114,7 +114,9 @@ class BlockMeta:
     namespace_id: bytes
     key: bytes
     parent: bytes
-    token_ids: bytes  # block_size int32 little-endian
+    #: block_size int32 little-endian; empty for a page read back from a tier that does not
+    #: store token ids (``security.store_token_ids``): the key alone names the prefix then.
+    token_ids: bytes
 
     def verify_chain(self) -> bool:
         """True when ``key`` really is the hash of ``parent`` and ``token_ids``."""

@@ -5,29 +5,43 @@ the codec named in ``flags``). All integers little-endian::
 
     offset  size  field
     0       4     magic            b"KVPG"
-    4       2     record version   RECORD_VERSION (3)
+    4       2     record version   RECORD_VERSION (4)
     6       2     flags            low byte: payload codec (0 = raw); other bits reserved, must be 0
-    8       4     header_bytes     132 + 4 * num_tokens (the whole header)
+    8       4     header_bytes     132 + 4 * n (the whole header), n = layout.block_size
     12      16    namespace id     Namespace.seed
     28      8     layout fingerprint
     36      16    key
     52      16    parent key       (the namespace seed for a prefix's first block)
     68      8     payload bytes    stored length (after the codec)
     76      8     payload checksum xxh3_64 of the stored payload
-    84      4     num_tokens       = layout.block_size
+    84      4     num_tokens       0 (no token ids stored: the default) or n
     88      4     reserved, 0
-    92      4*n   token ids        int32le
+    92      4*n   token ids        int32le when num_tokens = n, else 0-filled
     92+4n   4     reserved, 0
     96+4n   12    nonce            random, fresh for every record written
     108+4n  8     header checksum  xxh3_64 of every header byte before it
     116+4n  16    MAC              AES-256-GMAC (the nonce) of every header byte before it, then
                                    the payload
 
+Token ids are stored only where configured (``security.store_token_ids``, off by default; the
+disk and Redis tiers take it as ``store_token_ids``): the key already names the page -- it is
+a hash of the whole prefix (``kvstore.keys``) -- so a record without them loses nothing a
+reader needs, and whoever reads the disk or Redis does not read prompts. Their room stays in
+the header either way (0-filled: 4 bytes per token, against the KV of every layer the page
+holds per token), so every record of a layout has one size whatever the writer's setting:
+nodes that differ share one Redis, the Redis tier still recognises a raw record by its size,
+and the disk slab's header region is fixed. :func:`stored_meta` is what a tier applies to a
+page's identity before writing it.
+
 Reading verifies everything against what was asked for: magic, version, header checksum, the
 layout, the payload length and the MAC (the payload checksum only when the MAC fails, to name
-the failure), then the namespace and key asked for and that ``key == xxh3_128(parent ||
-tokens)``. Any mismatch raises :class:`RecordError` with a ``reason`` that tiers count; a tier
-turns it into a miss. Nothing beyond this fixed header is ever deserialised.
+the failure), then the namespace and key asked for and, when the record carries token ids,
+that ``key == xxh3_128(parent || tokens)``. Without them the identity is the authenticated
+namespace and key (and the parent, reported as written): only a holder of the secret wrote
+that header, and every writer checks the chain before a page is stored
+(``checks.check_metas``). Any mismatch raises :class:`RecordError` with a ``reason`` that
+tiers count; a tier turns it into a miss. Nothing beyond this fixed header is ever
+deserialised.
 
 No decision uses a header field before the MAC has authenticated it: the identity fields
 (namespace, key, parent, tokens) are read only after :func:`verify_payload` passed
@@ -68,9 +82,13 @@ cores up, else none (hashing stays on the calling thread, fed while the bytes ar
 ``mac_threads`` setting overrides it (0: none); ``python -m bench.mac`` measures the pool at
 several thread counts.
 
-Records of versions 1 (no MAC) and 2 (keyed BLAKE3) read as a miss counted under ``version``:
-after an upgrade a disk tier's old pages are recomputed once. The record version is separate
-from ``layout.FORMAT_VERSION``, which versions keys and fingerprints: the MAC changes no key.
+Records of versions 1 (no MAC), 2 (keyed BLAKE3) and 3 (GMAC; token ids always stored) read
+as a miss counted under ``version``: after an upgrade a disk tier's old pages are recomputed
+once. (Reading v3 would cost a line -- v4 with tokens is v3 but for the version -- but would
+keep serving, and keep on disk, the prompts that v4 no longer stores; a v3 node reads v4 as
+``version`` the same way, so a rolling upgrade recomputes pages, never mixes them up.) The
+record version is separate from ``layout.FORMAT_VERSION``, which versions keys and
+fingerprints: the MAC changes no key, and neither does leaving the token ids out.
 """
 
 from __future__ import annotations
@@ -81,7 +99,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import blake3
@@ -93,9 +111,10 @@ from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 
 MAGIC = b"KVPG"
-#: Version of the record header (3: GMAC with a per-record nonce; 2 was keyed BLAKE3).
-#: Independent of keys (``layout.FORMAT_VERSION``).
-RECORD_VERSION = 3
+#: Version of the record header (4: token ids optional; 3 always stored them; GMAC with a
+#: per-record nonce since 3; 2 was keyed BLAKE3). Independent of keys
+#: (``layout.FORMAT_VERSION``).
+RECORD_VERSION = 4
 #: Bytes of the MAC at the end of the header: GCM's full 128-bit tag.
 TAG_BYTES = 16
 #: Bytes of the per-record nonce (GCM's 96-bit IV).
@@ -260,6 +279,17 @@ class RecordHeader:
     def meta(self) -> BlockMeta:
         return BlockMeta(self.namespace_id, self.key, self.parent, self.token_ids)
 
+    def chains(self) -> bool:
+        """Whether the key hashes from the parent and the token ids; True for a record that
+        carries none (its authenticated key is then its identity)."""
+        return not self.token_ids or self.meta().verify_chain()
+
+
+def stored_meta(meta: BlockMeta, store_token_ids: bool) -> BlockMeta:
+    """``meta`` as a record (or a tier's index) stores it: without its token ids unless
+    ``store_token_ids`` (``security.store_token_ids``)."""
+    return meta if store_token_ids or not meta.token_ids else replace(meta, token_ids=b"")
+
 
 def pack_header(
     meta: BlockMeta,
@@ -270,11 +300,15 @@ def pack_header(
     checksum: int,
     flags: int = 0,
 ) -> bytes:
-    """The header of ``payload`` whose ``payload_checksum`` the caller computed already."""
+    """The header of ``payload`` whose ``payload_checksum`` the caller computed already. It
+    holds ``meta.token_ids`` as given: all ``block_size`` of them, or none (see
+    :func:`stored_meta`)."""
     view = memoryview(payload).cast("B")
-    if len(meta.token_ids) != 4 * layout.block_size:
+    room = 4 * layout.block_size
+    if len(meta.token_ids) not in (0, room):
         raise InvalidArgument(
-            f"block has {len(meta.token_ids) // 4} tokens, layout block_size is {layout.block_size}"
+            f"block has {len(meta.token_ids) // 4} tokens, layout block_size is "
+            f"{layout.block_size} (or none, where token ids are not stored)"
         )
     size = header_bytes(layout)
     head = _FIXED.pack(
@@ -288,10 +322,10 @@ def pack_header(
         meta.parent,
         view.nbytes,
         checksum,
-        layout.block_size,
+        len(meta.token_ids) // 4,
         0,
     )
-    body = head + meta.token_ids + b"\0\0\0\0" + os.urandom(NONCE_BYTES)
+    body = head + (meta.token_ids or bytes(room)) + b"\0\0\0\0" + os.urandom(NONCE_BYTES)
     signed = body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
     h = mac.begin(signed)
     h.update(view)
@@ -319,7 +353,7 @@ def parse_header(buf: Any, layout: KVLayout) -> RecordHeader:
         raise _fail("magic", f"bad magic {bytes(magic)!r}")
     if version != RECORD_VERSION:
         raise _fail("version", f"record format v{version}, this build reads v{RECORD_VERSION}")
-    if hsize != size or ntok != layout.block_size:
+    if hsize != size or ntok not in (0, layout.block_size):
         raise _fail("layout", f"header for {ntok} tokens ({hsize} bytes), expected {size}")
     end = size - TAG_BYTES  # the tag follows the header checksum
     (stored,) = struct.unpack_from("<Q", view, end - 8)
@@ -342,12 +376,12 @@ def verify_layout(header: RecordHeader, layout: KVLayout) -> None:
 def verify_identity(header: RecordHeader, *, namespace_id: bytes | None, key: bytes) -> None:
     """Check an *authenticated* header's identity (call it after :func:`verify_payload`): the
     namespace asked for (None: any, the header says whose it is), the key it is stored under,
-    and that the key hashes from its parent and tokens."""
+    and, when it carries token ids, that the key hashes from its parent and them."""
     if namespace_id is not None and header.namespace_id != namespace_id:
         raise _fail("namespace", "record belongs to another namespace")
     if header.key != key:
         raise _fail("key", "record stored under another key")
-    if not header.meta().verify_chain():
+    if not header.chains():
         raise _fail("chain", "key does not hash from the record's parent and tokens")
 
 
@@ -529,6 +563,7 @@ __all__ = [
     "parse_header",
     "payload_checksum",
     "payload_digest",
+    "stored_meta",
     "usable_cores",
     "verify_identity",
     "verify_layout",

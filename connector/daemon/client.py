@@ -7,11 +7,15 @@ InProcessScheduler` and :class:`~connector.inprocess.InProcessWorker` run over i
 
 Control over gRPC -- on one node, the hot calls (lookups, leases, the staging path) over the
 daemon's local lane (:mod:`.lane`), a plain Unix socket that costs a fraction of a gRPC call --
-data through shared memory: the handshake (the session stream's first
-message) names the host tier's ``/dev/shm`` segment; the client maps it, and every handle's
-``slab`` is that mapping, so the worker copies between its KV cache and the daemon's slots with
-no copy through the daemon. :meth:`register_for_dma` page-locks the mapping for a CUDA cache
-(lazy, CUDA only).
+data through shared memory: after the handshake (the session stream's first message) the
+client asks the lane socket it names for the session's segments (:func:`.lane.map_segments`):
+the host tier's slab, which it maps read-only, and its own staging area, which it maps
+read-write. A load handle's ``slab`` is the slab mapping: the worker copies straight out of the
+daemon's slots. A store handle's ``slab`` is the staging area: the worker writes its rows, and
+the daemon copies them into the slab at ``complete_store`` (so no client can change what
+another loads, see :mod:`.shm`). :meth:`register_for_dma` page-locks both mappings for a CUDA
+cache (lazy, CUDA only). A TCP client maps nothing: it moves pages with :meth:`read_pages` and
+:meth:`write_pages`.
 
 Sessions and failure: the client keeps one session stream open; handles and leases live in it,
 and the daemon frees them when the stream ends (this process died). When the daemon cannot be
@@ -19,7 +23,7 @@ reached, calls degrade instead of failing the engine: a lookup is a miss, a load
 a save is refused -- the engine recomputes -- and each failure is counted
 (``kvstore_daemon_client_failures_total{call}``, :attr:`DaemonStore.failures`). The client
 reconnects on a later call (at most every ``reconnect_interval_s``) once it holds no open handle,
-mapping the restarted daemon's new segment at the old address (see :mod:`.shm`).
+mapping the restarted daemon's new segments at the old addresses (see :mod:`.shm`).
 
 Namespaces: one client serves any number of namespaces over its one session (an engine whose
 requests carry their own tenant salt, LoRA or cache salt). Calls that create or use a handle name
@@ -32,8 +36,10 @@ default of calls that name none.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -47,7 +53,7 @@ import grpc
 import numpy as np
 
 from connector.daemon.errors import DaemonUnavailable, error_of, error_of_status
-from connector.daemon.lane import METHOD_NUMBER, Lane, LaneBusy, LaneRefused
+from connector.daemon.lane import METHOD_NUMBER, Lane, LaneBusy, LaneRefused, map_segments
 from connector.daemon.shm import SharedSlab
 from connector.daemon.stream import CallStream, StreamEnded
 from connector.proto import kvstore_daemon_pb2 as pb
@@ -64,6 +70,8 @@ from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.tiers.base import check_keys
 
 log = logging.getLogger(__name__)
+#: cudaHostRegisterReadOnly: the slab is mapped read-only, and CUDA only reads it
+_CUDA_HOST_REGISTER_READ_ONLY = 0x08
 
 #: seconds of unary lookups after the daemon refused a lookup stream (its limit was reached)
 _STREAM_RETRY_S = 30.0
@@ -103,7 +111,9 @@ class DaemonStats:
 
 class RemoteTier:
     """One of the daemon's tiers: its name and size, and membership checks over the wire. The
-    staging tier also has the client's mapping of the slab (``slab``, ``slab_tensor``)."""
+    staging tier also has the client's mappings: of the slab (``slab``, ``slab_tensor``:
+    read-only, loads copy from it) and of the session's staging area (``save_slab``,
+    ``save_slab_tensor``: saves write it)."""
 
     def __init__(self, client: DaemonStore, info: Any) -> None:
         self._client = client
@@ -118,9 +128,15 @@ class RemoteTier:
 
     @property
     def slab_tensor(self) -> Any:
-        import torch
+        return self._client._mapping(self._client._slab)
 
-        return torch.from_numpy(self.slab)
+    @property
+    def save_slab(self) -> np.ndarray:
+        return self._client._staging_view()
+
+    @property
+    def save_slab_tensor(self) -> Any:
+        return self._client._mapping(self._client._stage)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         return self._client._contains(self.name, keys)[0]
@@ -183,7 +199,8 @@ class DaemonStore:
         self._connected = False
         self._channel: grpc.Channel | None = None
         self._stream: Any = None
-        self._slab: SharedSlab | None = None
+        self._slab: SharedSlab | None = None  # read-only
+        self._stage: SharedSlab | None = None  # this session's staging area
         self._reconnector: threading.Thread | None = None
         #: lookups go as messages of one open call (see _lookup_call), opened at the first
         self._lookup_stream: CallStream | None = None
@@ -231,21 +248,7 @@ class DaemonStore:
             channel.close()
             raise
         try:
-            if self._slab is None:
-                self._slab = SharedSlab.attach(info.shm_name, info.shm_bytes)
-            elif info.shm_bytes != self._slab.nbytes or info.layout.page_bytes != self.layout.page_bytes:
-                raise DaemonUnavailable(
-                    f"the daemon came back with a {info.shm_bytes}-byte slab of "
-                    f"{info.layout.page_bytes}-byte pages; this client mapped {self._slab.nbytes}")
-            else:
-                # CUDA pinned the old segment's pages: DMA through a stale registration would
-                # read and write the old daemon's slab, so register the new mapping afresh
-                registered = self._dma
-                if registered:
-                    self._dma_unregister()
-                self._slab.remap(info.shm_name)
-                if registered:
-                    self.register_for_dma()
+            self._map(info)
         except KVStoreError:
             stream.cancel()
             channel.close()
@@ -271,6 +274,40 @@ class DaemonStore:
         for ns, label in labels:  # a new session: the daemon may be a new process
             self._tell_label(ns, label)
         return info
+
+    def _map(self, info: Any) -> None:
+        """Map the new session's slab (read-only) and staging area, or remap them in place
+        after a reconnect. A TCP session has none."""
+        if not info.shm_socket:
+            return
+        fds = map_segments(info.shm_socket, info.session_id, self.connect_timeout_s)
+        slab_fd, slab_bytes, stage_fd, stage_bytes, stage_rows = fds
+        try:
+            if slab_bytes != info.shm_bytes or stage_rows != info.staging_pages:
+                raise DaemonUnavailable("the daemon's shared memory does not match its handshake")
+            if self._slab is None or self._stage is None:
+                self._slab = SharedSlab.attach(slab_fd, slab_bytes, writable=False, name="slab")
+                self._stage = SharedSlab.attach(stage_fd, stage_bytes, writable=True, name="staging")
+            elif (slab_bytes, stage_bytes) != (self._slab.nbytes, self._stage.nbytes) or \
+                    info.layout.page_bytes != self.layout.page_bytes:
+                raise DaemonUnavailable(
+                    f"the daemon came back with a {slab_bytes}-byte slab and a {stage_bytes}-byte "
+                    f"staging area of {info.layout.page_bytes}-byte pages; this client mapped "
+                    f"{self._slab.nbytes} and {self._stage.nbytes}")
+            else:
+                # CUDA pinned the old segments' pages: DMA through a stale registration would
+                # read and write the old daemon's memory, so register the new mappings afresh
+                registered = self._dma
+                if registered:
+                    self._dma_unregister()
+                self._slab.remap(slab_fd, "slab")
+                self._stage.remap(stage_fd, "staging")
+                if registered:
+                    self.register_for_dma()
+        finally:
+            os.close(slab_fd)
+            os.close(stage_fd)
+        self._stage_rows = stage_rows
 
     def _wait_ready(self, channel: grpc.Channel) -> None:
         """Wait up to ``connect_timeout_s`` for ``channel`` to connect, in short slices, so a
@@ -425,9 +462,30 @@ class DaemonStore:
         return self._connected
 
     def _slab_view(self) -> np.ndarray:
-        assert self._slab is not None
+        """The slab as (pages, page_bytes) rows, read-only; empty without shared memory (TCP)."""
+        if self._slab is None:
+            return np.empty((0, self._page_bytes), np.uint8)
         return self._slab.array[: self._slab_pages * self._page_bytes].reshape(
             self._slab_pages, self._page_bytes)
+
+    def _staging_view(self) -> np.ndarray:
+        """This session's staging area as (rows, page_bytes): where saves are written."""
+        if self._stage is None:
+            return np.empty((0, self._page_bytes), np.uint8)
+        return self._stage.array[: self._stage_rows * self._page_bytes].reshape(
+            self._stage_rows, self._page_bytes)
+
+    def _mapping(self, seg: SharedSlab | None) -> Any:
+        """A ``(rows, page_bytes)`` uint8 torch tensor over a mapping. Made from the mapping's
+        memory directly: torch takes no read-only numpy array (a write to the read-only slab
+        would fault; nothing here writes it)."""
+        import torch
+
+        view = self._slab_view() if seg is self._slab else self._staging_view()
+        if seg is None:
+            return torch.from_numpy(view.copy())
+        buf = (ctypes.c_uint8 * view.nbytes).from_address(seg.address)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(view.shape)
 
     # ----------------------------------------------------------------- the store's surface
 
@@ -710,13 +768,13 @@ class DaemonStore:
         except (DaemonUnavailable, QuotaExceeded) as exc:
             self._failed("prepare_store" if isinstance(exc, DaemonUnavailable) else "quota")
             return StoreHandle(0, self.owner, self._staging, (), (), 0, len(metas),
-                               self._slab_view())
+                               self._staging_view())
         with self._lock:
             self._open.add(r.handle_id)
             self._store_ns[r.handle_id] = nsid
         return StoreHandle(r.handle_id, self.owner, self._staging,
                            tuple(metas[i] for i in r.block_index), tuple(r.slots), r.existing,
-                           r.refused, self._slab_view())
+                           r.refused, self._staging_view())
 
     def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
         if not handle.id:
@@ -847,19 +905,27 @@ class DaemonStore:
     # ----------------------------------------------------------------- GPU, close
 
     def register_for_dma(self) -> None:
-        """Page-lock the slab mapping for CUDA copies (cudaHostRegister); CUDA only, lazy.
-        Call before the worker registers a CUDA KV cache. Idempotent; a reconnect that maps a
-        new daemon's slab registers that one, and :meth:`close` unregisters."""
+        """Page-lock the slab and staging mappings for CUDA copies (cudaHostRegister; the slab
+        read-only); CUDA only, lazy. Call before the worker registers a CUDA KV cache.
+        Idempotent; a reconnect that maps a new daemon's memory registers that, and
+        :meth:`close` unregisters."""
         import torch
 
         if self._dma:
             return
         if not torch.cuda.is_available():
             raise InvalidArgument("register_for_dma needs CUDA", hint="a CPU cache needs none")
-        assert self._slab is not None
-        rc = torch.cuda.cudart().cudaHostRegister(self._slab.address, self._slab.nbytes, 0)
+        if self._slab is None or self._stage is None:
+            raise InvalidArgument("this client maps no shared memory (a TCP session)",
+                                  hint="connect over the daemon's Unix socket")
+        cudart = torch.cuda.cudart()
+        rc = cudart.cudaHostRegister(self._slab.address, self._slab.nbytes, _CUDA_HOST_REGISTER_READ_ONLY)
         if int(rc) != 0:
-            raise InvalidArgument(f"cudaHostRegister of the shared slab failed: {rc}")
+            raise InvalidArgument(f"cudaHostRegister of the shared slab (read-only) failed: {rc}")
+        rc = cudart.cudaHostRegister(self._stage.address, self._stage.nbytes, 0)
+        if int(rc) != 0:
+            cudart.cudaHostUnregister(self._slab.address)
+            raise InvalidArgument(f"cudaHostRegister of the staging area failed: {rc}")
         self._dma = True
 
     @property
@@ -869,8 +935,9 @@ class DaemonStore:
     def _dma_unregister(self) -> None:
         import torch
 
-        assert self._slab is not None
+        assert self._slab is not None and self._stage is not None
         torch.cuda.cudart().cudaHostUnregister(self._slab.address)
+        torch.cuda.cudart().cudaHostUnregister(self._stage.address)
         self._dma = False
 
     def close(self) -> None:
@@ -894,10 +961,11 @@ class DaemonStore:
             self._stream.cancel()
         if self._channel is not None:
             self._channel.close()
-        if self._slab is not None:
-            if self._dma:
-                self._dma_unregister()
-            self._slab.close()
+        if self._dma:
+            self._dma_unregister()
+        for seg in (self._slab, self._stage):
+            if seg is not None:
+                seg.close()
 
     def __enter__(self) -> DaemonStore:
         return self

@@ -15,6 +15,12 @@ that session only (the session id a request carries is ignored); kind ``i + 1`` 
 status code number with a UTF-8 message, raised as the kvstore error the one mapping of
 :mod:`.errors` names.
 
+Shared memory: after its hello a connection may send a MAP frame (kind ``MAP``, empty
+payload). The reply is OK with ``SEGMENTS`` (slab bytes, staging bytes, staging rows: u64, u64,
+u64 LE) and, as ``SCM_RIGHTS`` ancillary data of the same message, two descriptors: the slab
+(sealed: it maps read-only) and the session's staging area (:mod:`.shm`). A daemon with its
+lane calls turned off (``daemon.lane = false``) still answers the hello and MAP on this socket.
+
 Who may connect: the socket is 0600 beside the gRPC socket, as that one is, and the hello must
 name a live session, which only the client holding its session stream knows. TCP clients
 (other nodes) have no lane: they keep gRPC.
@@ -32,6 +38,7 @@ its own (up to ``max_connections``).
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -41,7 +48,7 @@ from typing import Any
 from connector.daemon.errors import DaemonUnavailable, error_of_status
 from connector.proto import kvstore_daemon_pb2 as pb
 
-_HEADER = struct.Struct("<IB")
+HEADER = struct.Struct("<IB")
 #: request kind of the hello; reply kind of success
 HELLO = OK = 0
 #: the calls the lane carries, numbered from 1 in this order (append only: the number is wire)
@@ -50,6 +57,10 @@ LANE_METHODS = ("Lookup", "Release", "Narrow", "Contains", "PrepareLoad", "Compl
 METHOD_NUMBER = {name: i + 1 for i, name in enumerate(LANE_METHODS)}
 #: the longest hello (a session id) a daemon reads
 MAX_HELLO = 256
+#: request kind: send this session's shared-memory descriptors (outside the method numbers)
+MAP = 255
+#: the MAP reply's payload: slab bytes, staging bytes, staging rows
+SEGMENTS = struct.Struct("<QQQ")
 
 
 def message_types(name: str) -> tuple[Any, Any]:
@@ -70,7 +81,7 @@ class FrameTooLarge(Exception):
 
 
 def send_frame(sock: socket.socket, kind: int, payload: bytes | bytearray) -> None:
-    header = _HEADER.pack(len(payload), kind)
+    header = HEADER.pack(len(payload), kind)
     sent = sock.sendmsg([header, payload])  # one system call for header and payload
     if sent < len(header) + len(payload):  # the kernel took a big frame in parts
         sock.sendall((header + bytes(payload))[sent:])
@@ -104,10 +115,10 @@ def recv_frame(sock: socket.socket, limit: int, *,
     FrameTooLarge (the payload left unread: :func:`discard` it or drop the connection),
     ConnectionError and OSError (socket.timeout included; TimeoutError once ``deadline``, a
     monotonic time for the whole frame, has passed)."""
-    header = _recv_exact(sock, _HEADER.size, at_start=True, deadline=deadline)
+    header = _recv_exact(sock, HEADER.size, at_start=True, deadline=deadline)
     if header is None:
         return None
-    size, kind = _HEADER.unpack(header)
+    size, kind = HEADER.unpack(header)
     if size > limit:
         raise FrameTooLarge(size, kind, limit)
     payload = _recv_exact(sock, size, deadline=deadline) if size else bytearray()
@@ -123,6 +134,46 @@ def discard(sock: socket.socket, n: int) -> None:
         if k == 0:
             raise ConnectionError("the peer closed the connection in the middle of a frame")
         n -= k
+
+
+def map_segments(path: str, session_id: str, timeout_s: float) -> tuple[int, int, int, int, int]:
+    """Ask the daemon at ``path`` for session ``session_id``'s shared memory: (slab fd, slab
+    bytes, staging fd, staging bytes, staging rows). The caller owns (and closes) the two
+    descriptors. Raises the kvstore error the daemon answered; DaemonUnavailable when it did
+    not answer by ``timeout_s``."""
+    fds: list[int] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(path)
+            send_frame(sock, HELLO, session_id.encode())
+            hello = recv_frame(sock, 1 << 16)
+            if hello is not None and hello[0] == OK:
+                send_frame(sock, MAP, b"")
+                # the descriptors ride on the reply's first bytes: one recvmsg takes them
+                data, fds, _, _ = socket.recv_fds(sock, 1 << 12, 2)
+                if len(data) >= HEADER.size:
+                    want = HEADER.size + min(HEADER.unpack(data[: HEADER.size])[0], 1 << 12)
+                    if len(data) < want:
+                        data += _recv_exact(sock, want - len(data)) or b""
+            else:
+                data, fds = b"", []
+        except (OSError, FrameTooLarge) as exc:
+            for fd in fds:
+                os.close(fd)
+            raise DaemonUnavailable(f"the daemon's lane {path}: {exc}") from None
+    if hello is None or hello[0] != OK:
+        raise error_of_status(hello[0] if hello else 5, "the lane refused the session: " + (
+            hello[1].decode("utf-8", "replace") if hello else "it closed the connection"))
+    size, kind = HEADER.unpack(data[: HEADER.size]) if len(data) >= HEADER.size else (0, -1)
+    if kind != OK or len(fds) != 2 or size != SEGMENTS.size or len(data) != HEADER.size + size:
+        for fd in fds:
+            os.close(fd)
+        if kind > 0 and len(data) >= HEADER.size:
+            raise error_of_status(kind, bytes(data[HEADER.size:]).decode("utf-8", "replace"))
+        raise DaemonUnavailable(f"the daemon's lane {path} sent no shared memory")
+    slab_bytes, staging_bytes, rows = SEGMENTS.unpack(data[HEADER.size:])
+    return fds[0], slab_bytes, fds[1], staging_bytes, rows
 
 
 class LaneBusy(Exception):
@@ -225,6 +276,6 @@ class Lane:
             sock.close()
 
 
-__all__ = ["FrameTooLarge", "HELLO", "LANE_METHODS", "Lane", "LaneBusy", "LaneRefused",
-           "MAX_HELLO", "METHOD_NUMBER", "OK", "discard", "message_types", "recv_frame",
-           "send_frame"]
+__all__ = ["HEADER", "FrameTooLarge", "HELLO", "LANE_METHODS", "Lane", "LaneBusy", "LaneRefused", "MAP",
+           "MAX_HELLO", "METHOD_NUMBER", "OK", "SEGMENTS", "discard", "map_segments",
+           "message_types", "recv_frame", "send_frame"]

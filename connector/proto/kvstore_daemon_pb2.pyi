@@ -50,10 +50,9 @@ class OpenSessionRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "layout", "shm_name", "shm_bytes", "slab_pages", "staging_tier", "tiers", "write_policy", "lease_ttl_s", "lane_socket")
+    __slots__ = ("session_id", "layout", "shm_bytes", "slab_pages", "staging_tier", "tiers", "write_policy", "lease_ttl_s", "lane_socket", "shm_socket", "staging_pages")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
-    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
     SLAB_PAGES_FIELD_NUMBER: _ClassVar[int]
     STAGING_TIER_FIELD_NUMBER: _ClassVar[int]
@@ -61,9 +60,10 @@ class SessionInfo(_message.Message):
     WRITE_POLICY_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     LANE_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    STAGING_PAGES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: Layout
-    shm_name: str
     shm_bytes: int
     slab_pages: int
     staging_tier: str
@@ -71,7 +71,9 @@ class SessionInfo(_message.Message):
     write_policy: str
     lease_ttl_s: float
     lane_socket: str
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_name: _Optional[str] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ..., lane_socket: _Optional[str] = ...) -> None: ...
+    shm_socket: str
+    staging_pages: int
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shm_bytes: _Optional[int] = ..., slab_pages: _Optional[int] = ..., staging_tier: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierInfo, _Mapping]]] = ..., write_policy: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ..., lane_socket: _Optional[str] = ..., shm_socket: _Optional[str] = ..., staging_pages: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("session_id", "namespace_id", "lease", "local_only", "keys")

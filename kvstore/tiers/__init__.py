@@ -49,16 +49,20 @@ def tier_class(kind: str) -> type[Tier]:
 
 
 def make_tier(
-    cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None, **extra: Any
+    cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None,
+    store_token_ids: bool = False, **extra: Any
 ) -> Tier:
     """Build a tier from its config model (``kvstore.tiers.<kind>_config``); a tier that writes
-    records gets ``mac`` (None: the public key, integrity only); ``extra``: keyword arguments
-    the config cannot hold (the daemon hands the host tier its shared-memory slab)."""
+    records gets ``mac`` (None: the public key, integrity only) and ``store_token_ids``
+    (``security.store_token_ids``); ``extra``: keyword arguments the config cannot hold (the
+    daemon hands the host tier its shared-memory slab)."""
     cls = tier_class(cfg.kind)
     capacity_pages = int(cfg.capacity) // layout.page_bytes
     kwargs = {**cfg.tier_kwargs(), **extra}
-    if cfg.kind in RECORD_TIERS and mac is not None:
-        kwargs["mac"] = mac
+    if cfg.kind in RECORD_TIERS:
+        kwargs["store_token_ids"] = store_token_ids
+        if mac is not None:
+            kwargs["mac"] = mac
     return cls(cfg.name, layout, capacity_pages, metrics, **kwargs)
 
 

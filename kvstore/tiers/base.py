@@ -14,15 +14,18 @@ Contract of the public methods (batch operations on lists of keys; keys are 16-b
   read. A page that fails verification is dropped from the tier, counted as ``corrupt`` and
   reported False: a buffer whose flag is False holds unspecified bytes and must not be used.
 * ``write(metas, pages) -> list[bool]`` — stores each page (read-only 1-D uint8 arrays of
-  ``page_bytes``) under ``metas[i].key``, replacing any page of that key. False means refused
-  (tier full, medium error); it is counted, never raised. The tier does not evict: the store
-  decides what to evict and calls ``delete`` first.
+  ``page_bytes``) under ``metas[i].key``, replacing any page of that key. ``metas[i]`` carries
+  ``block_size`` token ids, or none (a page read back from a tier that stores none). False means
+  refused (tier full, medium error); it is counted, never raised. The tier does not evict: the
+  store decides what to evict and calls ``delete`` first.
 * ``read`` and ``count_leading`` take an optional :class:`MissTally` that the call fills with
   why pages were missed (records dropped as corrupt, pages found expired, pages of a call that
   failed whole): the store attributes them to the namespace it read for.
 * ``delete(keys) -> int`` — removes the keys; absent keys are ignored; returns how many existed.
 * ``meta(key) -> BlockMeta | None`` — the stored identity of a page (used to write it to another
-  tier); ``keys()`` — every stored key (for rebuilding policy state after a warm restart).
+  tier), as the tier keeps it: a tier that writes records keeps the token ids only with its
+  ``store_token_ids`` (``record.stored_meta``); ``keys()`` — every stored key (for rebuilding
+  policy state after a warm restart).
 
 Every public method is thread-safe. Argument errors raise :class:`InvalidArgument` before anything
 changes. Tiers never read the environment; their settings arrive through the constructor.
@@ -163,7 +166,10 @@ class Tier(ABC):
     def write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
         self._check_open()
         for meta in metas:
-            if len(meta.key) != KEY_BYTES or len(meta.token_ids) != 4 * self.layout.block_size:
+            # No token ids: a page read back from a tier that does not store them.
+            if len(meta.key) != KEY_BYTES or len(meta.token_ids) not in (
+                0, 4 * self.layout.block_size
+            ):
                 raise InvalidArgument(
                     f"block {meta.key.hex()} carries {len(meta.token_ids) // 4} tokens, "
                     f"layout block_size is {self.layout.block_size}"

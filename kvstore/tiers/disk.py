@@ -98,7 +98,7 @@ from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.record import RecordMac, default_mac_threads
+from kvstore.record import RecordMac, default_mac_threads, stored_meta
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
 from kvstore.tiers.disk_config import DEFAULT_MAX_IO_BYTES
@@ -144,6 +144,7 @@ class DiskTier(Tier):
         max_io_bytes: int = DEFAULT_MAX_IO_BYTES,
         mac: RecordMac | None = None,
         hash_in_workers: bool | None = None,
+        store_token_ids: bool = False,
     ) -> None:
         """``path``: the tier's own directory (created if missing). ``io_threads``: parallel
         I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
@@ -159,7 +160,9 @@ class DiskTier(Tier):
         records and verifies a get's: the I/O workers, each the run it moves (True), or the
         calling thread, run after run while the workers move the others (False); None: the
         workers where the machine has cores to spare for it (``record.default_mac_threads``),
-        else the caller."""
+        else the caller. ``store_token_ids``: keep each block's token ids in its record and
+        index entry (``security.store_token_ids``); by default neither holds them
+        (``record.stored_meta``)."""
         super().__init__(name, layout, capacity_pages, metrics)
         what = f"disk tier {name!r}:"
         if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
@@ -188,6 +191,7 @@ class DiskTier(Tier):
         self.hash_in_workers = (default_mac_threads() > 0 if hash_in_workers is None
                                 else hash_in_workers)
         self._mac = mac if mac is not None else RecordMac(None)
+        self.store_token_ids = bool(store_token_ids)
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
         self._entries: dict[bytes, IndexEntry] = {}
@@ -443,6 +447,7 @@ class DiskTier(Tier):
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
         self._ensure_open()
+        metas = [stored_meta(m, self.store_token_ids) for m in metas]  # record and index alike
         n = len(metas)
         with self._lock:
             got = [self._alloc() for _ in range(n)]

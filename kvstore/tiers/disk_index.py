@@ -3,7 +3,8 @@
 One LMDB environment in ``<dir>/index/`` (mode 0700; ``data.mdb`` and ``lock.mdb`` 0600,
 whatever the umask) with two named databases:
 
-* ``pages``: 16-byte block key -> :data:`_VALUE` + the block's token ids (int32le)::
+* ``pages``: 16-byte block key -> :data:`_VALUE`, then the block's token ids (int32le) where
+  the tier stores them (``store_token_ids``; by default not: the value ends at 72)::
 
       offset  size  field
       0       8     slot                 u64
@@ -13,7 +14,7 @@ whatever the umask) with two named databases:
       40      16    parent key
       56      8     payload bytes        u64
       64      8     last access          f64, seconds since the epoch
-      72      4*B   token ids            B = layout.block_size
+      72      4*B   token ids            B = layout.block_size; absent by default
 
 * ``meta``: ``b"geometry"`` -> the slot geometry the slab was written with::
 
@@ -161,7 +162,7 @@ class IndexEntry:
 
     @classmethod
     def unpack(cls, key: bytes, value: bytes, block_size: int) -> IndexEntry | None:
-        if len(key) != KEY_BYTES or len(value) != _VALUE.size + 4 * block_size:
+        if len(key) != KEY_BYTES or len(value) not in (_VALUE.size, _VALUE.size + 4 * block_size):
             return None
         slot, csum, ns, fp, parent, plen, atime = _VALUE.unpack_from(value)
         meta = BlockMeta(bytes(ns), bytes(key), bytes(parent), bytes(value[_VALUE.size :]))

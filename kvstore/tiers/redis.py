@@ -3,12 +3,12 @@
 Storage layout
     One page is one Redis string ``<key_prefix>:<key hex>`` (e.g. ``kvstore:3f9a…``, 32 hex
     digits), whose value is a :mod:`kvstore.record` record: the fixed header (namespace id,
-    layout fingerprint, key, parent, token ids, payload length and checksum, header checksum)
-    followed by the page bytes, raw or compressed by the codec the header names. The name
-    holds the key only — ``contains`` and ``delete`` get keys without a namespace — and the key
-    already identifies its namespace (it chains from the namespace seed); the namespace is
-    checked from the verified header on every read. The name has no hash tag, so in a cluster
-    the pages of one prompt spread over all shards.
+    layout fingerprint, key, parent, payload length and checksum, header checksum; the block's
+    token ids only with ``store_token_ids``) followed by the page bytes, raw or compressed by
+    the codec the header names. The name holds the key only — ``contains`` and ``delete`` get
+    keys without a namespace — and the key already identifies its namespace (it chains from the
+    namespace seed); the namespace is checked from the verified header on every read. The name
+    has no hash tag, so in a cluster the pages of one prompt spread over all shards.
 
 Guarantees
     * **Durability** — whatever the server gives (none, in a cache configured with
@@ -137,6 +137,7 @@ from kvstore.record import (
     mac_jobs,
     parse_header,
     payload_digest,
+    stored_meta,
     verify_identity,
     verify_layout,
     verify_payload,
@@ -221,6 +222,7 @@ class RedisTier(Tier):
         mac: RecordMac | None = None,
         mac_threads: int | None = None,
         write_lanes: int = DEFAULT_WRITE_LANES,
+        store_token_ids: bool = False,
     ) -> None:
         """Connect to one server (``url``, e.g. ``redis://[user:password@]host:6379/0``;
         ``rediss://`` for TLS) or to a Redis Cluster (``cluster_nodes``, seeds as ``host:port``).
@@ -231,6 +233,8 @@ class RedisTier(Tier):
         ``LANES_MIN_PAGE_BYTES`` is split over (smaller pages use one), each part
         hashed and sent at once (:mod:`kvstore.tiers.redis_lanes`); 1: one exchange. Gets are
         one exchange: they already hash each page as it arrives, and lanes measured slower.
+        ``store_token_ids``: keep each block's token ids in its record (``security.
+        store_token_ids``); by default they are left out (``record.stored_meta``).
 
         Raises :class:`ConfigError` for a bad setting or rejected credentials, and
         :class:`TierUnavailable` when no server answers within ``connect_timeout_s``.
@@ -248,6 +252,7 @@ class RedisTier(Tier):
         self._local = threading.local()  # zstd (de)compressors are not thread-safe
         self._prefix = key_prefix.encode() + b":"
         self._mac = mac if mac is not None else RecordMac(None)
+        self.store_token_ids = bool(store_token_ids)
         if mac_threads is None:
             mac_threads = default_mac_threads()
         elif not isinstance(mac_threads, int) or not 0 <= mac_threads <= 256:
@@ -418,6 +423,7 @@ class RedisTier(Tier):
         return found
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
+        metas = [stored_meta(m, self.store_token_ids) for m in metas]  # also what meta() says
         return self._lanes.run(
             self._write_lane, len(metas), (metas, pages),
             lambda: self.metrics.errors.labels(self.name, "write").inc(),
@@ -931,7 +937,7 @@ def _genuine(hdr: Any, key: bytes, layout: KVLayout) -> bool:
         header = parse_header(hdr, layout)
     except RecordError:
         return False
-    return header.key == key and header.meta().verify_chain()
+    return header.key == key and header.chains()
 
 
 __all__ = ["CODEC_ZSTD", "RedisTier", "ServerStats"]

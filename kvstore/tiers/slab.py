@@ -44,6 +44,18 @@ class SlabSlots(ABC):
 
         return torch.from_numpy(self.slab)
 
+    @property
+    def save_slab(self) -> np.ndarray:
+        """Where a save writes the slots :meth:`reserve` hands it: the slab itself here. (Over
+        the daemon a client's saves write its staging area instead, which the daemon copies
+        into the slab: clients map the slab read-only.)"""
+        return self.slab
+
+    @property
+    def save_slab_tensor(self) -> Any:
+        """:attr:`save_slab` as a torch tensor."""
+        return self.slab_tensor
+
     @abstractmethod
     def pin_leading(self, keys: Sequence[bytes], namespace_id: bytes) -> list[int]:
         """Pin the slots of the leading ``keys`` held under ``namespace_id`` (up to the first

@@ -13,6 +13,7 @@ are removed, and the process exits 0.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -81,7 +82,8 @@ class Daemon:
     socket_path: Path
     stopping: threading.Event
     servicer: Servicer
-    lane: LaneServer | None = None  # the local lane, when daemon.lane is on
+    lane: LaneServer
+    copy_pool: ThreadPoolExecutor
     admin: Any = None  # a server.admin.AdminServer when the admin API is on
 
     def stop(self) -> None:
@@ -91,13 +93,13 @@ class Daemon:
             self.admin.stop()
         self.service.close()  # sessions end: handles completed/aborted, streams return
         self.servicer.close()  # lookup streams end (they wait on their clients otherwise)
-        if self.lane is not None:
-            self.lane.close()  # each connection ends after its call in progress
+        self.lane.close()  # each connection ends after its call in progress
         grace = self.cfg.daemon.drain_timeout_s
         for ev in [s.stop(grace) for s in self.servers]:
             ev.wait(grace + 1)
         self.service.store.close()
-        self.slab.unlink()
+        self.copy_pool.shutdown()
+        self.slab.close()
         self.socket_path.unlink(missing_ok=True)
         log.info("stopped")
 
@@ -114,19 +116,19 @@ def start(cfg: KVStoreConfig) -> Daemon:
     _claim_socket(sock)
     layout = cfg.layout.build()
     pages = int(host.capacity) // layout.page_bytes
-    for name in shm.remove_stale():
-        log.info("removed shared memory %s left by a daemon that died", name)
-    slab = shm.SharedSlab.create(shm.new_name(), pages * layout.page_bytes)
+    slab = shm.SharedSlab.create("kvstore-slab", pages * layout.page_bytes)
     try:
+        # clients map it read-only: from here on only this mapping writes it
+        slab.seal(read_only=True)
         store = build_store(cfg, tier_kwargs={host.name: {"slab": slab.array}})
     except BaseException:
-        slab.unlink()
+        slab.close()
         raise
     try:
         return _serve_store(cfg, store, slab, sock, pages, host.name)
     except BaseException:
         store.close()
-        slab.unlink()
+        slab.close()
         raise
 
 
@@ -134,14 +136,18 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
                  host_name: str) -> Daemon:
     dcfg, layout = cfg.daemon, store.layout
     quota = None if dcfg.namespace_quota is None else int(dcfg.namespace_quota) // layout.page_bytes
-    service = DaemonService(store, slab.name, slab.nbytes, limits=Limits(
-        dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota))
+    staging_pages = pages if dcfg.staging_bytes is None else \
+        max(1, min(pages, int(dcfg.staging_bytes) // layout.page_bytes))
+    copy_pool = ThreadPoolExecutor(dcfg.copy_threads, thread_name_prefix="kvstore-copy")
+    service = DaemonService(store, slab, limits=Limits(
+        dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota,
+        staging_pages), copy_pool=copy_pool)
     stopping = threading.Event()
     lane_path = sock.with_name(sock.name + ".lane")
     servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions,
                         max_watchers=dcfg.max_watchers,
                         mac=RecordMac(cfg.security.secret_bytes()),
-                        lane_socket=str(lane_path) if dcfg.lane else "")
+                        lane_socket=str(lane_path) if dcfg.lane else "", shm_socket=str(lane_path))
     hs = health.HealthServicer()
     for name in ("", SERVICE_NAME):  # grpc's servicer starts "" as SERVING: not before we are
         hs.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -165,20 +171,19 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         return s
 
     servers = []
-    # the lane listens before gRPC does: every session's handshake may name it
-    lane = None
-    if dcfg.lane:
-        lane = LaneServer(lane_path, servicer, max_frame=int(dcfg.max_message_bytes),
-                          max_connections=dcfg.lane_connections)
-        log.info("local lane on %s (mode 0600)", lane_path)
+    # the lane listens before gRPC does: every session's handshake names it (its MAP frame
+    # hands out the shared memory even when its calls are off)
+    lane = LaneServer(lane_path, servicer, max_frame=int(dcfg.max_message_bytes),
+                      max_connections=dcfg.lane_connections, calls=dcfg.lane)
+    log.info("local lane on %s (mode 0600)%s", lane_path, "" if dcfg.lane else
+             ": shared memory only, calls over gRPC")
     old = os.umask(0o177)  # the socket file is created 0600
     try:
         uds = server()
         uds.add_insecure_port(f"unix://{sock}")
         uds.start()
     except BaseException:
-        if lane is not None:
-            lane.close()
+        lane.close()
         raise
     finally:
         os.umask(old)
@@ -192,9 +197,10 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
         tcp.start()
         servers.append(tcp)
         log.info("listening on tcp %s (port %d, bearer token required)", dcfg.tcp, port)
-    log.info("shared memory /dev/shm/%s: %d pages of %d bytes in tier %r", slab.name, pages,
-             layout.page_bytes, host_name)
-    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping, servicer, lane)
+    log.info("shared memory: %d pages of %d bytes in tier %r (clients map it read-only; each "
+             "session saves through %d staging rows of its own)", pages, layout.page_bytes,
+             host_name, staging_pages)
+    daemon = Daemon(cfg, service, servers, hs, slab, sock, stopping, servicer, lane, copy_pool)
     try:
         daemon.admin = _serve_admin(cfg, store)
     except BaseException:
@@ -242,11 +248,26 @@ def _claim_socket(path: Path) -> None:
                       hint="stop it, or set daemon.socket to another path")
 
 
+def _not_dumpable() -> None:
+    """No process of this user may ptrace the daemon, read or write its memory through
+    ``/proc/<pid>/mem``, or open its descriptors through ``/proc/<pid>/fd`` (the slab's
+    writable mapping and every session's staging area are there); no core dump holds pages.
+    Root still can (a debugger run as root)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: %s; processes of this user can read "
+                    "the daemon's memory", os.strerror(ctypes.get_errno()))
+
+
+_PR_SET_DUMPABLE = 4
+
+
 def serve(cfg: KVStoreConfig, *, ready: Callable[[Daemon], None] | None = None) -> int:
     """Run until SIGTERM or SIGINT; returns the exit status (0 after a clean drain)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    _not_dumpable()
     daemon = start(cfg)
     if ready is not None:
         ready(daemon)

@@ -3,7 +3,9 @@ socket (0600) and one thread per connection, each answering its session's calls 
 same :class:`~server.daemon.servicer.Servicer` methods gRPC calls.
 
 A connection serves the session its hello names, and ends when that session does; one that
-sends no hello within ``hello_timeout_s`` is closed.
+sends no hello within ``hello_timeout_s`` is closed. A MAP frame is answered with the session's
+shared-memory descriptors (:meth:`DaemonService.segments`); with ``calls`` off (``daemon.lane =
+false``) that is all the socket answers.
 
 Bad input gets a typed error reply and the connection goes on: an unknown call number or a
 message that does not parse (INVALID_ARGUMENT), a frame over ``max_frame`` bytes (read and
@@ -30,9 +32,12 @@ from connector.daemon.errors import message_of, status_of
 from connector.daemon.lane import (
     HELLO,
     LANE_METHODS,
+    MAP,
     MAX_HELLO,
     OK,
+    SEGMENTS,
     FrameTooLarge,
+    HEADER,
     discard,
     message_types,
     recv_frame,
@@ -53,8 +58,10 @@ def _status(code: grpc.StatusCode, message: str) -> tuple[int, bytes]:
 
 class LaneServer:
     def __init__(self, path: Path, servicer: Servicer, *, max_frame: int,
-                 max_connections: int, hello_timeout_s: float = 5.0) -> None:
+                 max_connections: int, hello_timeout_s: float = 5.0, calls: bool = True) -> None:
         self.path, self.servicer = path, servicer
+        #: answer the service's calls (else only hello and MAP)
+        self.calls = calls
         self.max_frame, self.max_connections = max_frame, max_connections
         #: a connection that names no session within this long is closed (it holds a slot)
         self.hello_timeout_s = hello_timeout_s
@@ -128,7 +135,10 @@ class LaneServer:
                     send_frame(conn, *_status(grpc.StatusCode.NOT_FOUND,
                                               f"session {session_id[:8]!r} is closed"))
                     return
-                send_frame(conn, *self._answer(session_id, *frame))
+                if frame[0] == MAP:
+                    self._map(conn, session_id)
+                else:
+                    send_frame(conn, *self._answer(session_id, *frame))
         except OSError:
             pass  # the client went away, or close() shut the connection
         finally:
@@ -157,7 +167,21 @@ class LaneServer:
         send_frame(conn, OK, b"")
         return session_id
 
+    def _map(self, conn: socket.socket, session_id: str) -> None:
+        """Reply with the slab's and the session's staging area's descriptors."""
+        try:
+            seg = self.servicer.service.segments(session_id)
+        except KVStoreError as exc:
+            send_frame(conn, *_status(status_of(exc), message_of(exc)))
+            return
+        payload = SEGMENTS.pack(seg.slab.nbytes, seg.staging.segment.nbytes, seg.staging.pages)
+        header = HEADER.pack(len(payload), OK)
+        socket.send_fds(conn, [header + payload], [seg.slab.fd, seg.staging.segment.fd])
+
     def _answer(self, session_id: str, kind: int, payload: bytearray) -> tuple[int, bytes]:
+        if not self.calls:
+            return _status(grpc.StatusCode.UNIMPLEMENTED,
+                           "this daemon's lane answers no calls (daemon.lane = false): use gRPC")
         method = _REQUEST.get(kind)
         if method is None:
             return _status(grpc.StatusCode.INVALID_ARGUMENT, f"no lane call number {kind}")

@@ -21,6 +21,12 @@ Tenancy. Every call names its namespace (``Namespace.id``, 16 bytes):
 * ``namespace_quota``: the staging-tier pages one namespace may hold (stored plus reserved);
   a store beyond it raises QuotaExceeded.
 
+Shared memory. Clients map the host tier's slab read-only; each session that maps it also
+gets a staging area of its own (:class:`~server.daemon.staging_area.StagingArea`), created at
+its first :meth:`DaemonService.segments` call. A store handle's slots, as the client sees them,
+are rows of that area; ``complete_store`` copies them into the slab slots the store reserved,
+then publishes. A session without one (TCP) saves through :meth:`write_pages`.
+
 Thread-safety: every method may be called from many threads; the session table and each
 session's records are guarded by one lock, never held during store I/O.
 """
@@ -28,9 +34,11 @@ session's records are guarded by one lock, never held during store I/O.
 from __future__ import annotations
 
 import hmac
+import itertools
 import secrets
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import cast
@@ -45,7 +53,10 @@ from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Tier, check_keys
+from kvstore.tiers.slab import SlabSlots
+from connector.daemon.shm import SharedSlab
 from server.daemon.events import CacheEvent, EventHub
+from server.daemon.staging_area import StagingArea
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,17 +65,29 @@ class Limits:
     max_handles_per_session: int = 4096
     max_sessions: int = 256
     namespace_quota_pages: int | None = None
+    #: rows of each session's staging area (its saves in flight, in pages); None: as many as
+    #: the staging tier has slots
+    staging_pages: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """The handshake: what a client needs to map the slab and check its layout."""
+    """The handshake: what a client needs to check its layout (it maps the slab through
+    :meth:`DaemonService.segments`)."""
 
     session_id: str
-    shm_name: str
     shm_bytes: int
     staging_tier: str
     lease_ttl_s: float
+    staging_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """What a session maps: the slab (read-only to it) and its own staging area."""
+
+    slab: SharedSlab
+    staging: StagingArea
 
 
 @dataclass(eq=False)
@@ -73,6 +96,12 @@ class Session:
     loads: dict[int, tuple[bytes, LoadHandle]] = field(default_factory=dict)
     stores: dict[int, tuple[bytes, StoreHandle]] = field(default_factory=dict)
     leases: dict[int, tuple[bytes, Lease]] = field(default_factory=dict)
+    #: store handle id -> the staging rows its pages are written into
+    staged: dict[int, list[int]] = field(default_factory=dict)
+    #: store handles taken by complete_store and not yet published (their pages are still
+    #: "being written": a later block of the prompt chains from them)
+    completing: dict[int, tuple[bytes, StoreHandle]] = field(default_factory=dict)
+    staging: StagingArea | None = None
     ended: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -92,11 +121,16 @@ class DaemonStats:
 
 
 class DaemonService:
-    def __init__(self, store: TieredStore, shm_name: str, shm_bytes: int, *,
-                 limits: Limits = Limits(), events: EventHub | None = None) -> None:
+    def __init__(self, store: TieredStore, slab: SharedSlab, *, limits: Limits = Limits(),
+                 events: EventHub | None = None, copy_pool: ThreadPoolExecutor | None = None) -> None:
         self.store = store
         self.staging = cast(Tier, store.staging_tier())
-        self.shm_name, self.shm_bytes = shm_name, shm_bytes
+        self.slab = slab
+        #: the slab as the staging tier's (P, page_bytes) rows: the daemon's writable mapping
+        self._slab_rows = cast(SlabSlots, self.staging).slab
+        self._copy_pool = copy_pool
+        self._staging_pages = min(limits.staging_pages or self.staging.capacity_pages,
+                                  self.staging.capacity_pages)
         self.limits = limits
         self.events = events or EventHub()
         store.add_listener(self._on_store_event)
@@ -119,9 +153,20 @@ class DaemonService:
                                     hint="raise daemon.max_sessions")
             s = Session(secrets.token_hex(16))
             self._sessions[s.id] = s
-        info = SessionInfo(s.id, self.shm_name, self.shm_bytes, self.staging.name,
-                           self.store.lease_ttl_s)
+        info = SessionInfo(s.id, self.slab.nbytes, self.staging.name, self.store.lease_ttl_s,
+                           self._staging_pages)
         return s, info
+
+    def segments(self, session_id: str) -> Segments:
+        """The slab and the session's staging area (made at the first call)."""
+        s = self._session(session_id)
+        with self._lock:
+            if s.staging is None:
+                if s.id not in self._sessions:
+                    raise LeaseError(f"session {s.id[:8]!r} closed during the call")
+                s.staging = StagingArea(f"kvstore-staging-{s.id[:8]}", self._staging_pages,
+                                        self.store.layout.page_bytes, self._copy_pool)
+            return Segments(self.slab, s.staging)
 
     def close_session(self, session_id: str) -> None:
         """End a session: complete its loads, abort its stores, release its leases. Idempotent."""
@@ -133,13 +178,16 @@ class DaemonService:
             loads, stores, leases = list(s.loads.values()), list(s.stores.values()), list(s.leases.values())
             for lease_id in s.leases:
                 self._tickets.pop(lease_id, None)
-            s.loads.clear(), s.stores.clear(), s.leases.clear()
+            s.loads.clear(), s.stores.clear(), s.leases.clear(), s.staged.clear()
+            staging, s.staging = s.staging, None
         for _, h in loads:
             _quietly(self.store.complete_load, h)
         for _, sh in stores:
             _quietly(self.store.abort, sh)
         for _, lease in leases:
             _quietly(self.store.release, lease)
+        if staging is not None:
+            staging.close()  # after a copy in progress (its handle was taken before) ends
         s.ended.set()
 
     def has_session(self, session_id: str) -> bool:
@@ -229,7 +277,8 @@ class DaemonService:
 
     def _writing_under(self, ns: bytes) -> set[bytes]:
         with self._lock:
-            return {m.key for s in self._sessions.values() for n, h in s.stores.values()
+            return {m.key for s in self._sessions.values()
+                    for n, h in itertools.chain(s.stores.values(), s.completing.values())
                     if n == ns for m in h.metas}
 
     def _chained(self, ns: bytes, metas: list[BlockMeta]) -> tuple[list[BlockMeta], int]:
@@ -345,9 +394,11 @@ class DaemonService:
     # ----------------------------------------------------------------- stores
 
     def prepare_store(self, session_id: str, ns: bytes, metas: Sequence[BlockMeta],
-                      tier: str | None) -> tuple[StoreHandle, int]:
-        """Reserve slots for the blocks of ``metas`` that chain from ``ns``. Returns the handle
-        and how many blocks were dropped for an unknown parent (refused too)."""
+                      tier: str | None) -> tuple[StoreHandle, list[int], int]:
+        """Reserve slots for the blocks of ``metas`` that chain from ``ns``, and as many rows
+        of the session's staging area, where the client writes them. Returns the handle, the
+        staging rows (``rows[i]`` takes ``handle.metas[i]``) and how many blocks were dropped
+        for an unknown parent or a full staging area (refused too)."""
         check_namespace(ns)
         metas = list(metas)
         self._keys(ns, [m.key for m in metas])
@@ -355,22 +406,61 @@ class DaemonService:
         self._check_room(s)
         ok, dropped = self._chained(ns, metas)
         self._check_quota(ns, ok)
-        handle = self.store.prepare_store(ok, tier=tier)
+        if s.staging is None:
+            raise InvalidArgument("this session has mapped no shared memory: it has no staging "
+                                  "area to save into", hint="save over WritePages instead")
+        rows = s.staging.take(len(ok))
+        dropped += len(ok) - len(rows)  # the session has this many saves in flight already
+        try:
+            handle = self.store.prepare_store(ok[: len(rows)], tier=tier)
+        except BaseException:
+            s.staging.give(rows)
+            raise
+        used, spare = rows[: len(handle.slots)], rows[len(handle.slots):]
+        s.staging.give(spare)
         try:
             self._record(s, s.stores, handle.id, ns, handle)
         except LeaseError:
             _quietly(self.store.abort, handle)
-            raise
-        return handle, dropped
+            raise  # the session closed: its staging area went with it
+        with self._lock:
+            s.staged[handle.id] = used
+        return handle, used, dropped
+
+    def _take_store(self, s: Session, ns: bytes, handle_id: int,
+                    completing: bool = False) -> tuple[StoreHandle, list[int]]:
+        handle = cast(StoreHandle, self._take(s, s.stores, handle_id, ns, "store handle"))
+        with self._lock:
+            if completing:
+                s.completing[handle_id] = (ns, handle)
+            return handle, s.staged.pop(handle_id, [])
 
     def complete_store(self, session_id: str, ns: bytes, handle_id: int, ok: bool) -> PutResult:
+        """Copy the handle's staging rows into its slab slots (``ok``), then publish."""
         s = self._session(session_id)
-        handle = cast(StoreHandle, self._take(s, s.stores, handle_id, ns, "store handle"))
-        return self.store.complete_store(handle, ok)
+        handle, rows = self._take_store(s, ns, handle_id, completing=True)
+        staging = s.staging
+        try:
+            try:
+                if ok and rows:
+                    assert staging is not None
+                    staging.copy_into(self._slab_rows, rows, handle.slots)
+            except BaseException:
+                self.store.abort(handle)
+                raise
+            finally:
+                if staging is not None:
+                    staging.give(rows)
+            return self.store.complete_store(handle, ok)
+        finally:
+            with self._lock:
+                s.completing.pop(handle_id, None)
 
     def abort(self, session_id: str, ns: bytes, handle_id: int) -> None:
         s = self._session(session_id)
-        handle = cast(StoreHandle, self._take(s, s.stores, handle_id, ns, "store handle"))
+        handle, rows = self._take_store(s, ns, handle_id)
+        if s.staging is not None:
+            s.staging.give(rows)
         self.store.abort(handle)
 
     # ----------------------------------------------------------------- prefetch, delete, stats
@@ -495,4 +585,5 @@ def _quietly(fn, *args) -> None:  # noqa: ANN001
         pass  # expired, already completed, or the store closed: nothing left to free
 
 
-__all__ = ["DaemonService", "DaemonStats", "Limits", "Session", "SessionInfo", "check_namespace"]
+__all__ = ["DaemonService", "DaemonStats", "Limits", "Segments", "Session", "SessionInfo",
+           "check_namespace"]

@@ -82,9 +82,10 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     def __init__(self, service: DaemonService, stopping: threading.Event, *,
                  max_streams: int = 256, max_watchers: int = 64, mac: RecordMac | None = None,
-                 lane_socket: str = "") -> None:
+                 lane_socket: str = "", shm_socket: str = "") -> None:
         #: the local lane's socket each handshake names ("": none is served)
         self.lane_socket = lane_socket
+        self.shm_socket = shm_socket
         #: open LookupStream calls allowed at once (each holds a handler thread)
         self.max_streams = max_streams
         #: open WatchEvents calls allowed at once (each holds a handler thread)
@@ -151,13 +152,16 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         # a broken stream (client gone) or a cancel ends the session and frees what it held
         context.add_callback(lambda: self.service.close_session(session.id))
         store = self.service.store
+        local = context.peer().startswith("unix:")
         yield pb.SessionInfo(
-            session_id=info.session_id, layout=self._layout, shm_name=info.shm_name,
+            session_id=info.session_id, layout=self._layout,
             shm_bytes=info.shm_bytes, slab_pages=self.service.staging.capacity_pages,
             staging_tier=info.staging_tier, tiers=self._tiers, write_policy=store.write_policy,
-            lease_ttl_s=info.lease_ttl_s,
-            # the lane is for clients on this node: a TCP session is not told where it is
-            lane_socket=self.lane_socket if context.peer().startswith("unix:") else "")
+            lease_ttl_s=info.lease_ttl_s, staging_pages=info.staging_pages,
+            # the lane and shared memory are for clients on this node: a TCP session is not
+            # told where they are
+            lane_socket=self.lane_socket if local else "",
+            shm_socket=self.shm_socket if local else "")
         while context.is_active() and not self.stopping.is_set() and not session.ended.is_set():
             session.ended.wait(_POLL_S)
         self.service.close_session(session.id)
@@ -255,11 +259,12 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     @_unary
     def PrepareStore(self, request: Any, context: grpc.ServicerContext) -> Any:
         ns = check_namespace(request.namespace_id)
-        h, dropped = self.service.prepare_store(request.session_id, ns,
-                                                _metas(ns, request.blocks), _tier(request.tier))
+        h, rows, dropped = self.service.prepare_store(request.session_id, ns,
+                                                      _metas(ns, request.blocks), _tier(request.tier))
         index = {b.key: i for i, b in enumerate(request.blocks)}
+        # the client writes the rows of its staging area; complete_store copies them to h.slots
         return pb.PrepareStoreReply(handle_id=h.id, block_index=[index[m.key] for m in h.metas],
-                                    slots=h.slots, existing=h.existing,
+                                    slots=rows, existing=h.existing,
                                     refused=h.refused + dropped)
 
     @_unary

@@ -5,8 +5,8 @@
     {"op": "connected"}                             -> true once reconnected (waits up to 60 s)
     {"op": "quit"}
 
-``argv[1]``: the daemon's address. ``KV_PAUSE=load|save``: the first copy out of (load) or into
-(save) the shared slab prints ``PAUSED`` and waits for a line on stdin before it runs -- so a
+``argv[1]``: the daemon's address. ``KV_PAUSE=load|save``: the first copy out of the shared
+slab (load) or into the session's staging area (save) prints ``PAUSED`` and waits for a line on stdin before it runs -- so a
 test can kill this process, or the daemon, while a handle is open.
 """
 
@@ -25,8 +25,9 @@ NUM_BLOCKS = 64
 
 
 def pausing_copy(remote, which: str):  # noqa: ANN001, ANN201
-    lo = remote._slab.address
-    hi = lo + remote._slab.nbytes
+    seg = remote._slab if which == "load" else remote._stage
+    lo = seg.address
+    hi = lo + seg.nbytes
     paused = threading.Event()
 
     def copy(spans):  # noqa: ANN001, ANN202

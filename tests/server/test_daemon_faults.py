@@ -67,7 +67,7 @@ def test_a_leased_lookup_past_the_handle_limit_is_a_counted_miss(tmp_path: Path)
     with DaemonProc(cfg) as d, DaemonStore(d.target, NS.id) as c:
         h = c.prepare_store(chain.metas())
         for slot in h.slots:
-            c.staging_tier().slab[slot] = 1
+            h.slab[slot] = 1
         c.complete_store(h)
         leases = [c.lookup(chain.keys, lease=True).lease for _ in range(2)]
         assert all(lease is not None for lease in leases)
@@ -287,7 +287,7 @@ def test_a_lease_is_taken_over_by_another_process_with_its_ticket(tmp_path: Path
             DaemonStore(d.target) as worker:
         h = sched.prepare_store(chain.metas())
         for i, slot in enumerate(h.slots):
-            sched.staging_tier().slab[slot] = i + 1
+            h.slab[slot] = i + 1
         assert sched.complete_store(h).stored == 3
         found = sched.lookup(chain.keys, lease=True, namespace_id=NS.id)
         assert found.lease is not None and len(found.lease.ticket) == 16

@@ -28,7 +28,7 @@ def _store(client: DaemonStore, ns: Namespace, tokens: list[int], fill: int) -> 
     chain = ns.chain(tokens)
     h = client.prepare_store(chain.metas())
     for slot in h.slots:
-        client.staging_tier().slab[slot] = fill
+        h.slab[slot] = fill
     assert client.complete_store(h).stored == len(chain.keys)
     return list(chain.keys)
 

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstore import InvalidArgument, KVLayout, Namespace, RecordError
+from kvstore.keys import BlockMeta
 from kvstore.record import (
     REASONS,
     TAG_BYTES,
@@ -27,6 +28,7 @@ from kvstore.record import (
     pack_header,
     parse_header,
     payload_digest,
+    stored_meta,
     verify_payload,
     wire_fields,
 )
@@ -348,3 +350,90 @@ def test_mac_jobs_verify_like_the_calling_thread(layout: KVLayout, ns: Namespace
             jobs.start(i, check, i)
         raise KeyError("the call failed")
     assert jobs.done()
+
+
+# --------------------------------------------------------------------- token ids (record v4)
+
+
+@pytest.fixture
+def tokenless(layout: KVLayout, ns: Namespace) -> tuple[bytes, bytes, bytes]:
+    """A record as the tiers write it by default: no token ids."""
+    meta = stored_meta(ns.chain(list(range(1000, 1040))).meta(3), False)
+    payload = random_pages(layout, 1)[0].tobytes()
+    return encode_header(meta, layout, payload, MAC) + payload, meta.key, payload
+
+
+def test_a_record_without_token_ids_holds_none_and_reads_back(tokenless, layout, ns) -> None:
+    buf, key, payload = tokenless
+    tokens = ns.chain(list(range(1000, 1040))).meta(3).token_ids
+    n = layout.block_size
+    assert len(buf) == header_bytes(layout) + len(payload)  # one record size either way
+    assert tokens not in buf
+    assert struct.unpack_from("<I", buf, 84)[0] == 0 and buf[92 : 92 + 4 * n] == bytes(4 * n)
+    assert _decode(buf, layout, ns, key) == payload
+    header = parse_header(buf, layout)
+    assert header.token_ids == b"" and header.chains()
+    assert header.meta() == BlockMeta(ns.id, key, ns.chain(list(range(1000, 1040))).keys[2], b"")
+
+
+def test_stored_meta_drops_token_ids_unless_configured(ns) -> None:
+    meta = ns.chain(list(range(8))).meta(1)
+    assert stored_meta(meta, True) is meta
+    assert stored_meta(meta, False) == BlockMeta(meta.namespace_id, meta.key, meta.parent, b"")
+    assert stored_meta(stored_meta(meta, False), True).token_ids == b""
+
+
+def test_a_record_without_token_ids_under_another_namespace_or_key(tokenless, layout) -> None:
+    """Without tokens there is no chain to check: the authenticated namespace and key are the
+    identity, and either differing from what was asked for is a miss."""
+    buf, key, _ = tokenless
+    other = Namespace("test-model", layout, "tenant-b")
+    with pytest.raises(RecordError) as info:
+        _decode(buf, layout, other, key)
+    assert info.value.reason == "namespace"
+    with pytest.raises(RecordError) as info:
+        _decode(buf, layout, other, bytes(16))
+    assert info.value.reason == "namespace"
+    with pytest.raises(RecordError) as info:
+        decode_record(buf, layout, MAC, namespace_id=None, key=bytes(16))
+    assert info.value.reason == "key"
+
+
+@pytest.mark.parametrize("field, offset", [("namespace", 12), ("key", 36), ("parent", 52)])
+def test_a_rewritten_identity_without_token_ids_fails_the_mac(
+    tokenless, layout, ns, field: str, offset: int
+) -> None:
+    """Someone without the secret who rewrites the namespace, key or parent of a record that
+    carries no tokens (checksums recomputed) gets a ``mac`` miss, whatever they ask for."""
+    buf, key, _ = tokenless
+    forged = bytearray(buf)
+    forged[offset : offset + 16] = bytes(range(16))
+    _recompute_checksums(forged, layout)
+    for asked_ns, asked_key in ((ns.id, key), (None, bytes(forged[36:52]))):
+        with pytest.raises(RecordError) as info:
+            decode_record(bytes(forged), layout, MAC, namespace_id=asked_ns, key=asked_key)
+        assert info.value.reason == "mac", field
+
+
+def test_token_ids_are_all_or_none(layout, ns) -> None:
+    meta = ns.chain(list(range(8))).meta(0)
+    rec = bytearray(encode_header(meta, layout, b"x", MAC) + b"x")
+    struct.pack_into("<I", rec, 84, 1)  # a count no writer writes
+    _recompute_checksums(rec, layout)
+    with pytest.raises(RecordError) as info:
+        decode_record(bytes(rec), layout, MAC, namespace_id=ns.id, key=meta.key)
+    assert info.value.reason == "layout"
+
+
+@pytest.mark.parametrize("store_token_ids", [False, True])
+def test_version_3_records_read_as_a_version_miss(layout, ns, store_token_ids: bool) -> None:
+    """v3 always stored token ids in clear; v4 reads it as a ``version`` miss (recomputed once),
+    never serving on a record that holds a prompt the configuration says not to keep."""
+    meta = stored_meta(ns.chain(list(range(8))).meta(1), store_token_ids)
+    payload = random_pages(layout, 1)[0].tobytes()
+    old = bytearray(encode_header(meta, layout, payload, MAC) + payload)
+    struct.pack_into("<H", old, 4, 3)
+    _recompute_checksums(old, layout)
+    with pytest.raises(RecordError) as info:
+        _decode(bytes(old), layout, ns, meta.key)
+    assert info.value.reason == "version"
