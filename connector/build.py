@@ -70,6 +70,12 @@ def connect_daemon(target: str, layout: KVLayout, *, token: str | None = None,
 
     remote = DaemonStore(target, namespace_id, token=token, secret=secret)
     try:
+        if not remote.shared_memory:
+            raise InvalidArgument(
+                f"the kvstore daemon at {target} shares no memory with this engine (a TCP "
+                "connection): an engine loads and saves pages through the daemon's shared memory",
+                hint="run the engine on the daemon's node and connect over its Unix socket "
+                     "(unix:///path/kvstore.sock)")
         if remote.layout != layout:
             fields = _layout_fields(layout)
             want = ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}"

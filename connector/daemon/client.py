@@ -714,8 +714,23 @@ class DaemonStore:
             return [False] * len(keys), 0
         return list(r.present), r.leading
 
+    @property
+    def shared_memory(self) -> bool:
+        """This client maps the daemon's slab and a staging area (a Unix-socket client on the
+        daemon's node); False over TCP, where pages move by :meth:`read_pages` and
+        :meth:`write_pages`."""
+        return self._slab is not None
+
+    def _need_shared_memory(self, call: str) -> None:
+        if self._slab is None:
+            raise InvalidArgument(f"{call} moves pages through the daemon's shared memory, which "
+                                  "a TCP client does not map",
+                                  hint="connect over the daemon's Unix socket on its node, or "
+                                       "use read_pages / write_pages")
+
     def prepare_load(self, namespace_id: bytes, keys: Sequence[bytes], *,
                      lease: Lease | None = None, tier: str | None = None) -> LoadHandle:
+        self._need_shared_memory("prepare_load")
         keys = list(keys)
         ticket = b""
         if lease is not None:
@@ -755,6 +770,7 @@ class DaemonStore:
             return handle.num_blocks
 
     def prepare_store(self, metas: Sequence[BlockMeta], *, tier: str | None = None) -> StoreHandle:
+        self._need_shared_memory("prepare_store")
         metas = list(metas)
         ns = {m.namespace_id for m in metas}
         if len(ns) > 1:

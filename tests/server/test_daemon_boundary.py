@@ -117,6 +117,25 @@ def test_tcp_with_the_token_works(guarded: tuple[DaemonProc, str]) -> None:
                                                                  metadata=md))
                  for ch in (tcp, uds)]
         assert infos[0].lane_socket == "" and infos[1].lane_socket.endswith("kvstore.sock.lane")
+        # nor where its shared memory is: a TCP client maps none
+        assert infos[0].shm_socket == "" and infos[1].shm_socket == infos[1].lane_socket
+
+
+def test_a_tcp_client_maps_no_shared_memory_and_an_engine_refuses_it(
+        guarded: tuple[DaemonProc, str]) -> None:
+    from connector.build import connect_daemon
+
+    with DaemonStore(guarded[1], NS_A.id, token=TOKEN) as s:
+        assert not s.shared_memory
+        chain = NS_A.chain(list(range(16)))
+        with pytest.raises(InvalidArgument, match="shared memory"):
+            s.prepare_store(chain.metas())
+        with pytest.raises(InvalidArgument, match="shared memory"):
+            s.prepare_load(NS_A.id, chain.keys)
+    with pytest.raises(InvalidArgument, match="shares no memory"):
+        connect_daemon(guarded[1], LAYOUT, token=TOKEN)
+    with DaemonStore(guarded[0].target, NS_A.id) as local:
+        assert local.shared_memory
 
 
 # ----------------------------------------------------------------- (c) typed errors
