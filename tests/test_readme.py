@@ -79,7 +79,10 @@ def run_python(code: str, cwd: Path, *args: str, env: dict[str, str] | None = No
 
 README = (ROOT / "README.md").read_text()
 SCRIPTS = {file_name(code): code for _, code in blocks("python") if file_name(code)}
-SNIPPETS = [(h, code) for h, code in blocks("python") if not file_name(code)]
+#: the vLLM section's blocks run in order with its shell blocks, under vLLM (tests/vllm)
+VLLM_SECTION = README[README.index("## Use with vLLM"):README.index("## Sidecar daemon")]
+SNIPPETS = [(h, code) for h, code in blocks("python")
+            if not file_name(code) and f"```python\n{code}```" not in VLLM_SECTION]
 
 
 def test_every_python_block_is_run() -> None:
