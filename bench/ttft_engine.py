@@ -59,7 +59,9 @@ saved while the previous one is still being published needs no staging of its ow
 
 Start (:func:`measure_startup`, run first in the process, before anything else has compiled
 a kernel): an hbm pool and an ``Engine`` built with ``capture_graphs_at_start=True`` (timed:
-``engine start``; the model is built before and not counted), then one new prompt of
+``engine start``, which captures the step graphs and warms the eager path of the steps too
+long for them -- ``StartupReport.warm_s``; the model is built before and not counted), then
+one new prompt of
 ``startup_length`` tokens (``first request after start``, computed) and the same prompt again
 (``first hbm hit after start``), against the steady medians of that engine afterwards (``engine
 cold``, ``engine hbm hit``) -- target: the first hit <= 1.5 x a steady one. The other cases'
@@ -607,7 +609,10 @@ def measure_startup(model: LlamaForPagedLM, cfg: ModelConfig, name: str, device:
     res.notes.append(
         f"engine start at {n} tokens (step graphs {mode}): {start_s:.2f} s, of which "
         f"{up.capture_s:.2f} s preparing {up.num_shapes} step shapes ({up.num_captured} "
-        f"captured as CUDA graphs); {late} shapes first met by the first two requests")
+        f"captured as CUDA graphs) and {up.warm_s:.2f} s warming {up.num_warm_steps} long "
+        f"steps eagerly (steps too long for the graphs: their first launches, JIT compiles "
+        f"included, paid at start, not by the first request); {late} shapes first met by the "
+        f"first two requests")
     ratio = first_hit / hit
     res.headline.append(
         f"first hbm hit after start at {n} tokens: {ratio:.2f}x a steady hit (target <= "

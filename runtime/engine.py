@@ -47,8 +47,13 @@ Start: with step graphs (``runtime.step_graphs``; mode ``"cuda"`` on a GPU by de
 engine prepares, before its first request, every step shape its scheduler limits can produce
 (:func:`~runtime.step_graphs.reachable_shapes`): on a GPU it captures their CUDA graphs, with a
 progress bar on stderr and one log line, so no request pays a capture (measured:
-``bench.ttft``, "first hbm hit after start"). :attr:`Engine.startup` reports the time.
-``capture_graphs_at_start=False`` leaves capture to each shape's first step.
+``bench.ttft``, "first hbm hit after start"). Steps longer than the graphs take
+(``max_num_batched_tokens`` over ``runtime.step_graphs.MAX_TOKENS``) run eagerly through the
+model's backend; the engine runs one of each kernel specialisation they can hit once
+(:func:`~runtime.step_graphs.eager_warm_steps`, over a scratch block: the pool is neither read
+nor written), so no request pays a JIT compile or a first launch ("first request after
+start"). :attr:`Engine.startup` reports the times. ``capture_graphs_at_start=False`` leaves
+capture and first launches to each shape's first step.
 
 Saves are not waited for at the end of a step (only where blocks are freed early: a preempted
 request, a duplicate block released at commit); finished requests' blocks are freed when the
@@ -98,12 +103,17 @@ class StartupReport:
     """How an engine started: ``seconds`` its construction took (the model is built before:
     its weights are not counted), ``capture_s`` of them preparing ``num_shapes`` step shapes,
     ``num_captured`` of which were captured as CUDA graphs then (0 in mode ``"eager"``, for
-    shapes captured already for this pool, or with capture at start off or no step graphs)."""
+    shapes captured already for this pool, or with capture at start off or no step graphs),
+    and ``warm_s`` running ``num_warm_steps`` long steps eagerly once
+    (:func:`~runtime.step_graphs.eager_warm_steps`; 0 when no step is longer than the graphs'
+    ``MAX_TOKENS``, with capture at start off or no step graphs)."""
 
     seconds: float
     capture_s: float
     num_shapes: int
     num_captured: int
+    warm_s: float = 0.0
+    num_warm_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +196,7 @@ class Engine:
         if pool.owner is None:
             pool.attach(LocalOwner(pool))
         # before any request: a capture must be the only CUDA work queued while it runs
-        capture_s, num_shapes, num_captured = (
-            self._prepare_steps() if capture_graphs_at_start else (0.0, 0, 0))
+        prepared = self._prepare_steps() if capture_graphs_at_start else (0.0, 0, 0, 0.0, 0)
         self._clock = clock
         self.connector: EngineConnector | None = None
         if connector is not None:
@@ -219,20 +228,26 @@ class Engine:
         #: The daemon client when built by :meth:`from_config` with ``daemon`` (else None).
         self.daemon: Any = None
         #: How this engine started (:class:`StartupReport`).
-        self.startup = StartupReport(time.perf_counter() - t0, capture_s, num_shapes,
-                                     num_captured)
+        self.startup = StartupReport(time.perf_counter() - t0, *prepared)
         if capture_graphs_at_start and self.model.step_graphs is not None:
+            up = self.startup
             _log.info("engine started in %.2f s: %d step shapes prepared (%s), %d captured as "
-                      "CUDA graphs in %.2f s", self.startup.seconds, num_shapes,
-                      self.model.step_graphs.mode, num_captured, capture_s)
+                      "CUDA graphs in %.2f s; %d long steps warmed eagerly in %.2f s",
+                      up.seconds, up.num_shapes, self.model.step_graphs.mode, up.num_captured,
+                      up.capture_s, up.num_warm_steps, up.warm_s)
 
-    def _prepare_steps(self) -> tuple[float, int, int]:
-        """Prepare every step shape this engine's limits can produce (``runtime.step_graphs``);
-        (seconds, shapes, captured). A progress bar on stderr while CUDA graphs are captured."""
+    def _prepare_steps(self) -> tuple[float, int, int, float, int]:
+        """Prepare every step shape this engine's limits can produce (``runtime.step_graphs``),
+        then run the long steps' eager forward once (:func:`~runtime.step_graphs.warm_eager`:
+        over a scratch block, nothing written to the pool); (capture seconds, shapes, captured,
+        warm seconds, warm steps). A progress bar on stderr while CUDA graphs are captured. On
+        a CPU only the first long step runs: Triton's interpreter compiles nothing, and one
+        step keeps the path in use at the cost of one step."""
         graphs = self.model.step_graphs
         if graphs is None:
-            return 0.0, 0, 0
-        from runtime.step_graphs import reachable_shapes  # imports Triton: only when stepping
+            return 0.0, 0, 0, 0.0, 0
+        # imports Triton: only when stepping
+        from runtime.step_graphs import eager_warm_steps, reachable_shapes, warm_eager
 
         kv_pool = self.pool.pool
         shapes = reachable_shapes(
@@ -248,7 +263,17 @@ class Engine:
             with tqdm(total=len(shapes), desc="capturing CUDA graphs", unit="shape",
                       leave=False) as bar:
                 report = graphs.prepare(shapes, kv_pool, progress=lambda done: bar.update(1))
-        return report.seconds, report.num_shapes, report.num_captured
+        block_size = self.pool.layout.block_size
+        long_steps = eager_warm_steps(
+            self.model.config, kv_pool.device, block_size=block_size,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
+            max_chunk_tokens=self.config.max_chunk_tokens,
+            paged=self.model.backend.name == "paged")
+        if kv_pool.device.type != "cuda":
+            long_steps = long_steps[:1]
+        warm_s = warm_eager(self.model, long_steps, block_size) if long_steps else 0.0
+        return report.seconds, report.num_shapes, report.num_captured, warm_s, len(long_steps)
 
     @classmethod
     def from_config(

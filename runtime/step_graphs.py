@@ -24,7 +24,10 @@ a capture on that request's path), so tests can prove the enumeration complete. 
 to one pool at a time: a model that steps over another pool (a second engine sharing it) drops
 them, and the shapes are captured again -- off the path only if that engine prepares them
 again (an engine prepares at its start, so engines sharing a model and taking turns capture on
-every switch: give each engine its own model).
+every switch: give each engine its own model). Longer steps run eagerly through the model's
+backend; :func:`eager_warm_steps` lists one step per first launch they can pay (a Triton
+compile per specialisation; cuBLAS and SDPA kernels) and :func:`warm_eager` runs them over a
+scratch block, so the engine pays those at start too.
 
 Mode ``"eager"`` runs the same padded steps without graphs: the CPU path (the kernels run under
 Triton's interpreter there) and the reference that graph replay must match token for token.
@@ -33,6 +36,7 @@ Triton's interpreter there) and the reference that graph replay must match token
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.attention.paged import PagedStep, attention, block_q_for, num_splits_for
-from runtime.batch import Batch
+from runtime.batch import Batch, BatchMeta
 from runtime.fused_kernels import add_rmsnorm, rope_write_kv, silu_mul
 
 if TYPE_CHECKING:
@@ -136,6 +140,147 @@ def reachable_shapes(config: ModelConfig, device: torch.device, *, max_num_batch
                               for r in logits for n in splits)
     return tuple(sorted(shapes, key=lambda sh: (sh.tokens, sh.seqs, sh.logits, sh.block_q,
                                                 sh.num_splits)))
+
+
+@dataclass(frozen=True, slots=True)
+class EagerStep:
+    """A step too long for the step graphs (over :data:`MAX_TOKENS` tokens), run eagerly through
+    the model's backend: ``seqs`` are each sequence's ``(cached, new)`` tokens, in batch order,
+    and ``table_width`` the width of the step's block tables (``BatchMeta.block_tables``)."""
+
+    seqs: tuple[tuple[int, int], ...]
+    table_width: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.seqs)
+
+
+def _int_class(v: int) -> int:
+    """How Triton specialises an int argument: 1 is a constant, a multiple of 16 is marked
+    divisible (a pointer likewise by its 16-byte alignment); each class is its own compile."""
+    return 1 if v == 1 else 16 if v % 16 == 0 else 0
+
+
+@functools.lru_cache(maxsize=16)
+def eager_warm_steps(config: ModelConfig, device: torch.device, *, block_size: int,
+                     max_num_batched_tokens: int, max_num_seqs: int, max_chunk_tokens: int,
+                     paged: bool) -> tuple[EagerStep, ...]:
+    """Steps that together meet every first launch a long step (``MAX_TOKENS < t <=
+    max_num_batched_tokens`` tokens, at most ``max_num_seqs`` sequences of at most
+    ``max_chunk_tokens`` new tokens each) of a model of ``config`` on ``device`` can pay; empty
+    when no step is that long. Longest first; the first has the most tokens in the fewest
+    sequences, cold (a long prompt's first chunk).
+
+    ``paged`` (the model's backend is ``runtime.attention.paged``): one step per compile of its
+    Triton kernels. They are compiled per ``block_q`` and ``num_splits`` (constexprs, derived
+    as ``step_from_meta`` does) and per class (:func:`_int_class`) of their int arguments and
+    pointers that a long step varies: ``num_seqs`` and the alignment of ``query_start_loc``
+    (``s == 1``, ``s % 16 == 0``, ``s % 4 == 0``, other), the block tables' row stride (the
+    table width) and, with splits, the partial results' row stride ``t * num_heads``. Steps
+    of ``t`` in ``{max, max - 1, MAX_TOKENS + 1, MAX_TOKENS + 2}`` tokens, a few sequence
+    counts of each class, one long chunk or short queries only, the longest sequence at a
+    few lengths up to ``max_position_embeddings`` and a few table widths are tried; the first
+    of each class is kept (at most 4 x 3 x 2 per (block_q, num_splits)). Other backends
+    (cuBLAS and SDPA; nothing compiles) get steps of the longest and the shortest long size,
+    from one and from several sequences, cold and over a cached prefix."""
+    lo, hi = MAX_TOKENS, max_num_batched_tokens
+    if hi <= lo:
+        return ()
+    groups, heads, kv_heads = (config.num_heads // config.num_kv_heads, config.num_heads,
+                               config.num_kv_heads)
+    max_pos = config.max_position_embeddings
+    cap = min(max_chunk_tokens, max_pos)
+    width_max = -(-max_pos // block_size)
+    k = max(1, 16 // groups)  # the longest query of a short block_q
+    per_class: dict[int, int] = {}
+    for s in range(1, max_num_seqs + 1):  # the smallest and largest count of each class
+        c = _int_class(s) * 4 + (s % 4 == 0)
+        per_class.setdefault(c, s)
+        per_class[-c - 1] = s
+    counts = sorted(set(per_class.values()))
+    steps: dict[tuple[object, ...], EagerStep] = {}
+    sizes = {hi, hi - 1, lo + 1, lo + 2} if paged else {hi, lo + 1}
+    for t in sorted(sizes & set(range(lo + 1, hi + 1)), reverse=True):
+        for s in counts:
+            for short in (False, True):
+                if short:
+                    if t > s * k:
+                        continue
+                    new = [t // s + (i < t % s) for i in range(s)]
+                else:
+                    first = min(cap, t - (s - 1))
+                    rest = t - first
+                    new = [first] + [rest // (s - 1) + (i < rest % (s - 1)) for i in range(s - 1)] \
+                        if s > 1 else [first]
+                    if first < 1 or sum(new) != t or min(new) < 1 or max(new) > cap:
+                        continue
+                lens = sorted({new[0], *(64 << i for i in range(max_pos.bit_length())), max_pos})
+                for length in (n for n in lens if new[0] <= n <= max_pos):
+                    seqs = ((length - new[0], new[0]),
+                            *((min(1, max_pos - n), n) for n in new[1:]))
+                    need = -(-max(c + n for c, n in seqs) // block_size)
+                    for width in sorted({need, need + 1, need + 2, -(-need // 16) * 16}):
+                        if width > width_max:
+                            continue
+                        step = EagerStep(seqs, width)
+                        if paged:
+                            block_q = block_q_for(max(new), groups)
+                            splits = num_splits_for(
+                                sum(-(-n // block_q) for n in new), kv_heads,
+                                max(c + n for c, n in seqs), device)
+                            key: tuple[object, ...] = (
+                                block_q, splits, _int_class(s), s % 4 == 0, _int_class(width),
+                                _int_class(t * heads) if splits > 1 else None)
+                        else:
+                            key = (t == hi, s == 1, seqs[0][0] > 0)
+                        steps.setdefault(key, step)
+    return tuple(steps.values())
+
+
+def warm_eager(model: LlamaForPagedLM, steps: Sequence[EagerStep], block_size: int) -> float:
+    """Run ``model``'s eager forward once for each of ``steps`` (JIT compiles, autotuning,
+    library handles and lazily loaded kernels are paid here, not on a request's path), over a
+    scratch pool of one block (every slot and table entry is block 0 of it): the model's pool
+    is not read or written, nothing is cached or committed. Seconds, device work included."""
+    t0 = time.perf_counter()
+    device = model.inv_freq.device
+    cfg = model.config
+    scratch = torch.zeros((1, *cfg.kv_layout(block_size).page_shape), dtype=cfg.torch_dtype,
+                          device=device)
+    for step in steps:
+        meta = _scratch_meta(step, block_size, device)
+        model(Batch(torch.zeros(step.num_tokens, dtype=torch.int64, device=device), meta),
+              scratch)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def _scratch_meta(step: EagerStep, block_size: int, device: torch.device) -> BatchMeta:
+    """The step's metadata over a one-block pool: token ``p`` of a sequence at slot ``(0, p %
+    block_size)``, every table entry block 0, one logits row per sequence (its last token)."""
+    positions = [p for c, n in step.seqs for p in range(c, c + n)]
+    qsl = [0, *itertools.accumulate(n for _, n in step.seqs)]
+
+    def tensor(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    return BatchMeta(
+        block_size=block_size,
+        positions=tensor(positions),
+        slot_blocks=torch.zeros(len(positions), dtype=torch.int64, device=device),
+        slot_offsets=tensor([p % block_size for p in positions]),
+        block_tables=torch.zeros((len(step.seqs), step.table_width), dtype=torch.int64,
+                                 device=device),
+        logits_indices=tensor([end - 1 for end in qsl[1:]]),
+        num_cached_tokens=tuple(c for c, _ in step.seqs),
+        num_new_tokens=tuple(n for _, n in step.seqs),
+        num_blocks_used=tuple(-(-(c + n) // block_size) for c, n in step.seqs),
+        query_start_loc=tuple(qsl),
+        num_logits=(1,) * len(step.seqs),
+        max_block_id=0,
+    )
 
 
 @dataclass(slots=True)

@@ -45,3 +45,28 @@ def test_no_capture_on_a_request_path_after_start() -> None:
     engine.close()
     assert engine.store is not None
     engine.store.close()
+
+
+@pytest.mark.parametrize("backend", ["paged", "sdpa"])
+def test_long_steps_are_warmed_at_start_and_write_nothing(backend: str) -> None:
+    """A step longer than the graphs' MAX_TOKENS runs eagerly: the engine ran each of its
+    kernel specialisations once at start, over a scratch block; the pool stays untouched and
+    the tokens equal an engine's that did not warm up."""
+    cfg = get_model_config("small").with_dtype("bfloat16")
+    model = LlamaForPagedLM.from_random(cfg, seed=3, device="cuda", step_graphs="cuda",
+                                        backend=backend)
+    limits = {"max_num_batched_tokens": 640, "max_num_seqs": 4, "num_blocks": 96,
+              "connector": False}
+    engine = make_engine(model, **limits)
+    up = engine.startup
+    assert up.num_warm_steps > (1 if backend == "paged" else 0) and 0 < up.warm_s < up.seconds
+    assert engine.pool.pool.count_nonzero() == 0
+    assert engine.pool.num_free == engine.pool.num_blocks
+    rng = random.Random(5)
+    prompts = [prompt(rng, 600), prompt(rng, 300) + prompt(rng, 300)]
+    params = SamplingParams(max_tokens=4)
+    warm = [o.output_token_ids for o in engine.generate(prompts, params)]
+    cold = make_engine(LlamaForPagedLM.from_random(cfg, seed=3, device="cuda",
+                                                   step_graphs="cuda", backend=backend),
+                       capture_graphs_at_start=False, **limits)
+    assert warm == [o.output_token_ids for o in cold.generate(prompts, params)]

@@ -3,7 +3,8 @@
 prepares cover every step that varied requests take (prompts of every length, shared prefixes,
 decode batches, chunked prefill, preemption), so in mode ``"cuda"`` no capture runs on a
 request's path; the engine reports its start; a second engine over the same model re-prepares
-for its own pool (the documented case).
+for its own pool (the documented case); steps too long for the graphs are warmed eagerly at
+start over a scratch block (``eager_warm_steps``, ``warm_eager``), writing nothing to the pool.
 
 Most workloads run with the step's kernels stubbed out (zero logits): the shapes come from the
 scheduler and the batch alone, and Triton's interpreter would take minutes over hundreds of
@@ -145,3 +146,53 @@ def test_the_shape_count_stays_bounded(h200: None) -> None:
     assert {s.tokens for s in shapes} == {1 << i for i in range(10)}
     decode = [s for s in shapes if s.tokens == s.seqs == s.logits == 1]
     assert sorted(s.num_splits for s in decode) == [1, 2, 4, 8, 16, 32, 64]
+
+
+LONG = {"max_num_batched_tokens": 600, "max_num_seqs": 4}  # steps past MAX_TOKENS: eager
+
+
+def test_the_long_step_warm_up_writes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """The default backend (sdpa): under Triton's interpreter the paged one's 600-token steps
+    take seconds each (tests/gpu/test_engine_startup_cuda.py runs it)."""
+    with caplog.at_level(logging.INFO, logger="runtime.engine"):
+        warmed = _engine(**LONG)
+    up, pool = warmed.startup, warmed.pool
+    # on a CPU only the first long step runs (Triton's interpreter compiles nothing)
+    assert up.num_warm_steps == 1 and 0 < up.warm_s <= up.seconds
+    assert "1 long steps warmed eagerly" in caplog.text
+    assert pool.pool.count_nonzero() == 0, "the warm-up wrote into the pool"
+    assert pool.num_free == pool.num_blocks and pool.num_evictable == 0  # nothing committed
+    pool.check_integrity()
+    graphs = warmed.model.step_graphs
+    assert graphs is not None and graphs.late_shapes == []  # the long steps skip the graphs
+    # three 200-token prompts: one step of 600 tokens, run eagerly (their first tokens)
+    prompts = [[(7 * i + 3 * j) % 512 for j in range(200)] for i in range(3)]
+    cold = _engine(capture_graphs_at_start=False, **LONG)
+    assert cold.startup.num_warm_steps == 0 and cold.startup.warm_s == 0
+    params = SamplingParams(max_tokens=1)
+    assert ([o.output_token_ids for o in warmed.generate(prompts, params)]
+            == [o.output_token_ids for o in cold.generate(prompts, params)])
+
+
+def test_long_warm_steps_cover_each_kernel_specialisation(h200: None) -> None:
+    from runtime.step_graphs import eager_warm_steps
+
+    cfg = get_model_config("llama3-8b")
+    limits = {"block_size": 16, "max_num_batched_tokens": 1024, "max_num_seqs": 8,
+              "max_chunk_tokens": 1024}
+    dev = torch.device("cpu")
+    assert eager_warm_steps(cfg, dev, **{**limits, "max_num_batched_tokens": MAX_TOKENS},
+                            paged=True) == ()
+    steps = eager_warm_steps(cfg, dev, **limits, paged=True)
+    # one sequence, 2 or 3 (query_start_loc unaligned), 4 or 8 (aligned) x table widths of
+    # a multiple of 16 or not; block_q 16 and one split for every step this long on an H200
+    assert steps[0].seqs == ((0, 1024),) and steps[0].num_tokens == 1024
+    assert len(steps) == 6 and all(MAX_TOKENS < s.num_tokens <= 1024 for s in steps)
+    assert {(len(s.seqs) % 4 == 0, len(s.seqs) == 1, s.table_width % 16 == 0)
+            for s in steps} == {(a, b, c) for a in (False, True) for b in (False, True)
+                                for c in (False, True) if not (a and b)}
+    for s in steps:
+        assert all(0 < n <= 1024 and c + n <= cfg.max_position_embeddings for c, n in s.seqs)
+        assert s.table_width >= -(-max(c + n for c, n in s.seqs) // 16)
+    other = eager_warm_steps(cfg, dev, **limits, paged=False)
+    assert {s.num_tokens for s in other} == {1024, MAX_TOKENS + 1} and len(other) <= 8
