@@ -267,12 +267,17 @@ class ConnectorStats:
     """Worker-side totals. ``load_failures``: failed blocks by reason (``miss`` — absent or
     failed its check, ``lease_expired``, ``timeout`` — not in host when the prefetch timeout
     ran out, ``not_prefetched`` — below host under the ``best_effort`` prefetch policy,
-    ``changed`` — deleted or replaced during the copy, ``error`` — an unexpected exception)."""
+    ``changed`` — deleted or replaced during the copy, ``error`` — an unexpected exception,
+    ``unavailable`` — the store could not be asked: the daemon unreachable).
+    ``save_failures``: blocks whose save failed, by reason (``reserve`` — reserving host slots
+    raised, ``error`` — publishing them raised, ``unavailable``); a save short of room is not a
+    failure, it is counted in ``saves_abandoned`` only."""
 
     blocks_loaded: int
     blocks_saved: int
     saves_abandoned: int
     load_failures: dict[str, int] = field(default_factory=dict)
+    save_failures: dict[str, int] = field(default_factory=dict)
 
 
 class KVConnectorScheduler(ABC):

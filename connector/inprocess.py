@@ -518,6 +518,7 @@ class _LoadJob:
     failed: list[int] = field(default_factory=list)
     reason: str = ""
     queued: tuple[int, str] | None = None  # (blocks loading, reason) once queued on the caller
+    error: BaseException | None = None  # why it failed whole ("error")
 
 
 @dataclass(eq=False)
@@ -602,6 +603,7 @@ class InProcessWorker(KVConnectorWorker):
         self._saved = 0
         self._abandoned = 0
         self._failures: Counter[str] = Counter()
+        self._save_failures: Counter[str] = Counter()
         self._failure_log = FailureLog(log)
 
     @property
@@ -661,11 +663,20 @@ class InProcessWorker(KVConnectorWorker):
                 try:
                     jobs.append(self._reserve(spec))
                 except Exception as exc:  # noqa: BLE001 - a save that can't start is a later miss
-                    self._failure_log.failed("save", "reserve", len(spec.block_ids), exc)
+                    with self._lock:
+                        self._save_failures["reserve"] += len(spec.block_ids)
+                    self._report("save", "reserve", spec.metas[0].namespace_id,
+                                 len(spec.block_ids), exc)
                     self._drop_unreserved(spec)
             short = sum(j.handle.refused > 0 for j in jobs)
+            gone = [j for j in jobs if j.handle.unavailable]  # the store could not be asked
             with self._lock:
                 self._abandoned += short  # host had no room for some pages: they are not saved
+                for j in gone:
+                    self._save_failures["unavailable"] += j.handle.refused
+            for j in gone:
+                self._report("save", "unavailable", j.spec.metas[0].namespace_id,
+                             j.handle.refused, j.handle.unavailable)
             self._step_saves = jobs
         return self._step_saves
 
@@ -718,8 +729,7 @@ class InProcessWorker(KVConnectorWorker):
                     try:
                         queued = self._resolve_and_queue(job, may_wait=self._cpu_inline)
                     except Exception as exc:  # noqa: BLE001 - a failed load is recomputed
-                        queued = (0, "error")
-                        self._failure_log.failed("load", "error", len(spec.block_ids), exc)
+                        queued, job.error = (0, "error"), exc  # reported by _run_load
                     job.queued = queued
             if spec.load_async:  # may wait on a prefetch for long: a thread of its own
                 threading.Thread(target=self._run_load, args=(job, None), daemon=True,
@@ -771,7 +781,7 @@ class InProcessWorker(KVConnectorWorker):
                                                  lease=spec.lease, tier=self._host_name)
             good = job.handle.num_blocks
             if good < n and not reason:
-                reason = "miss"
+                reason = "unavailable" if job.handle.unavailable else "miss"
         if good:
             assert job.handle is not None
             job.ctx = xfer.load_context(job.gate, spec.block_ids[:good], job.handle.slots)
@@ -793,8 +803,7 @@ class InProcessWorker(KVConnectorWorker):
             if job.ctx is not None:
                 xfer.finish_load(job.ctx)
         except Exception as exc:  # noqa: BLE001 - a failed load is recomputed, never fatal
-            good, reason = 0, "error"
-            self._failure_log.failed("load", reason, len(spec.block_ids), exc)
+            good, reason, job.error = 0, "error", exc
             if job.ctx is not None:
                 try:  # queued copies must land before the blocks are recomputed
                     xfer.finish_load(job.ctx)
@@ -821,8 +830,9 @@ class InProcessWorker(KVConnectorWorker):
                     self._errors.update(job.failed)
                 if spec.load_async:
                     self._inflight[spec.request_id] -= 1
-            if job.failed and reason != "error":  # "error" was logged with its exception
-                self._failure_log.failed("load", reason, len(job.failed))
+            if job.failed:
+                self._report("load", reason, spec.namespace_id, len(job.failed),
+                             job.error or (job.handle.unavailable if job.handle else ""))
             job.done.set()
 
     # ----------------------------------------------------------------- saves
@@ -888,14 +898,28 @@ class InProcessWorker(KVConnectorWorker):
             with self._lock:
                 self._saved += res.stored
         except Exception as exc:  # noqa: BLE001 - a failed save is a cache miss later, never fatal
-            self._failure_log.failed("save", "error", job.handle.num_blocks, exc)
-            self._abort(job.handle)
             with self._lock:
                 self._abandoned += 1
+                self._save_failures["error"] += len(job.spec.block_ids)
+            self._report("save", "error", job.spec.metas[0].namespace_id,
+                         len(job.spec.block_ids), exc)
+            self._abort(job.handle)
         finally:
             self._xfer.release(job.buf)
             with self._lock:
                 self._inflight[job.spec.request_id] -= 1
+
+    def _report(self, what: str, reason: str, namespace_id: bytes, num_blocks: int,
+                detail: object = "") -> None:
+        """The one place a failed load or save leaves the worker (its own counters were bumped
+        by the caller, under the lock): logged with its reason, rate-limited, and told to the
+        store, which counts it for the namespace by reason -- over the daemon, in the
+        daemon's stats (``kvstore stats``). Never raises: the store may be why it failed."""
+        self._failure_log.failed(what, reason, num_blocks, detail)
+        try:
+            self.store.count_failed(namespace_id, what, reason, num_blocks)
+        except Exception:  # noqa: BLE001 - closed or unreachable: counted and logged here
+            pass
 
     def _abandon(self, job: _SaveJob) -> None:
         xfer = self._xfer
@@ -944,7 +968,8 @@ class InProcessWorker(KVConnectorWorker):
 
     def stats(self) -> ConnectorStats:
         with self._lock:
-            return ConnectorStats(self._loaded, self._saved, self._abandoned, dict(self._failures))
+            return ConnectorStats(self._loaded, self._saved, self._abandoned,
+                                  dict(self._failures), dict(self._save_failures))
 
     def close(self) -> None:
         """Wait for every load and save, then stop the save thread."""

@@ -27,6 +27,10 @@ Scheduler side (vLLM's scheduler thread; never waits for a copy)::
         save_kv_layer calls (their K/V is final once the layer's attention ran)
     request_finished(request, block_ids)         -> (delay_free, None): delay while a save or an
         async load of the request is in flight
+    update_connector_output(output)              -- the worker's step results: asynchronous
+        loads ended; blocks that failed to load (``invalid_block_ids``) take their tokens out
+        of the request's ``num_cached_tokens`` -- vLLM recomputes them, and it reports only
+        what was loaded (:func:`_count_loaded_only`)
 
 Worker side: ``register_kv_caches`` describes vLLM's per-layer caches to the transfer code as
 opaque blocks (:meth:`KVCacheSpec.layer_blocks`), ``start_load_kv`` / ``wait_for_layer_load`` /
@@ -78,6 +82,9 @@ Stats: :meth:`KVStoreConnector.get_kv_connector_stats` hands vLLM each side's co
 tier, misses, pending lookups, blocks loaded and saved, load errors by reason, daemon failures);
 vLLM's stat logger logs them ("KV Transfer metrics") and its Prometheus logger exports them as
 ``vllm:kvstore_*_total`` (:data:`PROM_COUNTERS`). :func:`engine_stats` gives the totals.
+Every failed load or save is also logged once with its reason (rate-limited, see
+:mod:`connector.failure_log`) and told to the store, which counts it per namespace and reason
+-- in daemon mode the daemon, so ``kvstore stats`` shows it whichever process failed.
 
 ``kv_load_failure_policy`` must be ``"recompute"``: a page that fails its check is a miss, and
 vLLM recomputes those tokens; with ``"fail"`` vLLM would fail the request instead.
@@ -182,6 +189,39 @@ class _Req:
     keys: list[bytes] = field(default_factory=list)  # keys of the first len(keys) blocks
     load_async: bool = False  # the last match loads across steps
     receiving: bool = False  # an asynchronous load into its blocks was handed out, not reported
+    loading: tuple[int, ...] = ()  # the blocks its last load writes, in prompt order
+
+
+def _count_loaded_only(request: Request, num_local_tokens: int, num_loaded_tokens: int) -> None:
+    """Make ``request``'s cached-token count honest after a failed load: ``num_local_tokens``
+    from vLLM's prefix cache plus the ``num_loaded_tokens`` (the leading run of our offer that
+    did load; vLLM recomputes from the first failed block on) -- never more than vLLM counted.
+
+    vLLM sets the count when it first schedules the request, from what the connector offered,
+    and reports it with the request's first output (``RequestOutput.num_cached_tokens``,
+    ``usage.prompt_tokens_details.cached_tokens``, the prefix-cache stats); its recovery from
+    a failed load (``Scheduler._update_requests_with_invalid_blocks``) fixes the computed
+    tokens only. No public hook sets it, so this is the one place the connector writes a
+    Request attribute, for the two shapes vLLM has had:
+
+    * ``request.prefill_stats`` (a :class:`vllm.v1.metrics.stats.PrefillStats`; the vLLM this
+      package is tested with): rewritten through its own ``set``. It is None once the first
+      output took it -- too late then, but vLLM gives a request whose synchronous load failed
+      no output in the step that reports the failure, and calls ``update_connector_output``
+      later in that step;
+    * ``request.num_cached_tokens`` (earlier vLLMs: an int, -1 until scheduled), read at
+      every output.
+    """
+    if hasattr(request, "prefill_stats"):
+        stats = request.prefill_stats
+        if stats is not None and stats.num_external_cached_tokens > num_loaded_tokens:
+            stats.set(num_prompt_tokens=stats.num_prompt_tokens,
+                      num_local_cached_tokens=stats.num_local_cached_tokens,
+                      num_external_cached_tokens=num_loaded_tokens)
+        return
+    cached = getattr(request, "num_cached_tokens", None)
+    if isinstance(cached, int) and cached > num_local_tokens + num_loaded_tokens:
+        setattr(request, "num_cached_tokens", num_local_tokens + num_loaded_tokens)  # noqa: B010
 
 
 @dataclass
@@ -308,8 +348,9 @@ class KVStoreConnector(KVConnectorBase_V1):
             return
         B = self._block_size
         first = st.num_local // B
-        st.sched.update_state_after_alloc(
-            request.request_id, ids[first:first + num_external_tokens // B], num_external_tokens)
+        st.loading = tuple(ids[first:first + num_external_tokens // B])
+        st.sched.update_state_after_alloc(request.request_id, list(st.loading),
+                                          num_external_tokens)
         st.receiving = st.load_async
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -317,6 +358,16 @@ class KVStoreConnector(KVConnectorBase_V1):
             st = self._reqs.get(rid)
             if st is not None:
                 st.receiving = False
+        # The worker's failed blocks (get_block_ids_with_load_errors): vLLM truncates each
+        # request's computed tokens at its first failed block and recomputes from there, but
+        # the cached-token count it took from our offer at schedule time stays -- correct it.
+        invalid = getattr(connector_output, "invalid_block_ids", None)
+        if invalid:
+            for st in self._reqs.values():
+                if st.loading and not invalid.isdisjoint(st.loading):
+                    loaded = next(i for i, b in enumerate(st.loading) if b in invalid)
+                    st.loading = ()
+                    _count_loaded_only(st.request, st.num_local, loaded * self._block_size)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched_tokens = scheduler_output.num_scheduled_tokens
@@ -336,6 +387,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             if rid in resumed:
                 st.block_ids = list(new_ids[0]) if new_ids is not None else []
                 st.saved = None  # preempted: its blocks were recomputed into new ones
+                st.loading = ()  # and the blocks it loaded into are not its own any more
             elif new_ids is not None:
                 st.block_ids.extend(new_ids[0])
             self._plan_saves(st, cached.num_computed_tokens[i], sched_tokens.get(rid, 0))
@@ -522,6 +574,7 @@ PROM_COUNTERS: dict[str, tuple[str | None, str]] = {
     "saved_blocks": (None, "Blocks saved by kvstore."),
     "abandoned_saves": (None, "Saves kvstore dropped (no room, or the step ended early)."),
     "load_errors": ("reason", "Blocks kvstore failed to load (vLLM recomputed them), by reason."),
+    "save_errors": ("reason", "Blocks kvstore failed to save (a later miss), by reason."),
     "daemon_failures": ("call", "Calls to the kvstore daemon that did not reach it, by call."),
 }
 

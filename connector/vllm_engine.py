@@ -146,6 +146,7 @@ class KVStoreVLLMStats:
                 out["saved_blocks"] = w.blocks_saved
                 out["abandoned_saves"] = w.saves_abandoned
                 out.update({f"load_errors:{r}": n for r, n in w.load_failures.items()})
+                out.update({f"save_errors:{r}": n for r, n in w.save_failures.items()})
             out.update({f"daemon_failures:{c}": n for c, n in self.daemon_failures.items()})
         return out
 

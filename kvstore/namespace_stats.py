@@ -3,7 +3,8 @@ loads' misses by reason, for the admin API's per-namespace stats.
 
 Keys do not carry their namespace (a key is a hash chained from the namespace seed), so only a
 call that names its namespace is counted here: ``lookup(..., namespace_id=)``, ``get``,
-``prefetch``, ``prepare_load`` and the connector's load-or-recompute declines. A lookup without
+``prefetch``, ``prepare_load``, and what connectors tell: their load-or-recompute declines and
+their failed loads and saves by reason (:meth:`NamespaceCounts.failed`). A lookup without
 a namespace (the admin API's where-is query) counts only in the store-wide metrics.
 
 They are plain counters in the store, not Prometheus labels: a label per namespace id is an
@@ -42,9 +43,49 @@ class NamespaceCounts(NamedTuple):
     expired: int = 0  # pages found gone after their TTL ran out (lookups and reads)
     timeout: int = 0  # pages asked of a tier call that failed whole (timeout, unreachable)
     declined: int = 0  # matched blocks the connector recomputed instead (load-or-recompute)
+    # blocks a connector failed to load (it recomputed them) or to save (a later miss), by
+    # reason (:data:`FAILURE_REASONS`), as it told the store
+    load_failed_error: int = 0
+    load_failed_miss: int = 0
+    load_failed_timeout: int = 0
+    load_failed_lease_expired: int = 0
+    load_failed_not_prefetched: int = 0
+    load_failed_changed: int = 0
+    load_failed_unavailable: int = 0
+    save_failed_error: int = 0
+    save_failed_reserve: int = 0
+    save_failed_unavailable: int = 0
 
     def plus(self, other: NamespaceCounts) -> NamespaceCounts:
         return NamespaceCounts(*(a + b for a, b in zip(self, other)))
+
+    def failed(self, what: str) -> dict[str, int]:
+        """Blocks whose ``what`` ("load" or "save") failed, by reason (every reason, zeros too)."""
+        return {r: getattr(self, f"{what}_failed_{r}") for r in FAILURE_REASONS[what]}
+
+    @staticmethod
+    def of_failure(what: str, reason: str, num_blocks: int) -> NamespaceCounts:
+        """The counts of ``num_blocks`` blocks whose ``what`` failed for ``reason``. Raises
+        InvalidArgument for a pair not in :data:`FAILURE_REASONS` (a client cannot add rows)."""
+        if reason not in FAILURE_REASONS.get(what, ()):
+            raise InvalidArgument(
+                f"unknown failure {what!r}/{reason!r}",
+                hint="what is one of " + "; ".join(
+                    f"{w!r} (reasons {', '.join(map(repr, rs))})" for w, rs in FAILURE_REASONS.items()))
+        return NamespaceCounts(**{f"{what}_failed_{reason}": num_blocks})
+
+
+#: why a connector's load or save of blocks fails -- a closed set, one counter each. Loads:
+#: ``error`` (an exception: the daemon gone mid-load, say), ``miss`` (absent or failed its check),
+#: ``timeout`` (not in host when the prefetch timeout ran out), ``lease_expired``,
+#: ``not_prefetched`` (below host under ``best_effort``), ``changed`` (replaced during the copy),
+#: ``unavailable`` (the store could not be asked: the daemon unreachable). Saves: ``error``
+#: (publishing failed), ``reserve`` (reserving slots raised), ``unavailable`` (as for loads).
+FAILURE_REASONS: dict[str, tuple[str, ...]] = {
+    "load": ("error", "miss", "timeout", "lease_expired", "not_prefetched", "changed",
+             "unavailable"),
+    "save": ("error", "reserve", "unavailable"),
+}
 
 
 ZERO = NamespaceCounts()
@@ -97,4 +138,4 @@ class NamespaceCounters:
             return len(self._rows)
 
 
-__all__ = ["MAX_NAMESPACES", "NamespaceCounters", "NamespaceCounts", "NamespaceSnapshot"]
+__all__ = ["FAILURE_REASONS", "MAX_NAMESPACES", "NamespaceCounters", "NamespaceCounts", "NamespaceSnapshot"]

@@ -17,7 +17,8 @@ class LoadHandle:
     """Pages of a prefix pinned in the staging tier's slab until ``complete_load``.
 
     ``slots[i]`` is the slab row holding ``keys[i]``; ``keys`` is the leading run of the keys
-    asked for that the tier holds (possibly empty: a miss ends the run)."""
+    asked for that the tier holds (possibly empty: a miss ends the run). ``unavailable``: why
+    the store could not be asked at all (a daemon unreachable), "" when it answered."""
 
     id: int
     owner: int  # the store that issued it
@@ -27,6 +28,7 @@ class LoadHandle:
     slots: tuple[int, ...]
     lease: Lease | None
     slab: np.ndarray  # (capacity_pages, page_bytes) uint8, zero-copy
+    unavailable: str = ""
 
     @property
     def num_blocks(self) -> int:
@@ -39,7 +41,9 @@ class StoreHandle:
 
     ``slots[i]`` is where the page of ``metas[i]`` must be written (every byte of it) before
     ``complete_store``. ``existing``: pages of the request the tier already held (or another
-    open handle is writing), not reserved; ``refused``: pages no room could be made for."""
+    open handle is writing), not reserved; ``refused``: pages no room could be made for.
+    ``unavailable``: why the store could not be asked at all (a daemon unreachable; every
+    page is refused then), "" when it answered."""
 
     id: int
     owner: int
@@ -49,6 +53,7 @@ class StoreHandle:
     existing: int
     refused: int
     slab: np.ndarray
+    unavailable: str = ""
 
     @property
     def num_blocks(self) -> int:

@@ -11,7 +11,9 @@ Invariants (``check_integrity`` asserts them, between operations):
    by other nodes too: its policy is this node's budget, corrected on the next read.
 2. A pinned key (held by an unexpired lease) is never deleted by eviction: a victim that a
    lease pinned after it was chosen is kept (the write that wanted its room is refused
-   instead).
+   instead). A leased lookup leases only pages that, under the lock, its tiers still hold:
+   each page it reports stays in the tier it reported until the lease ends (the protocol is
+   in :mod:`kvstore.leases`).
 3. A page's bytes come only from a tier read of that exact key and namespace: the store never
    returns a buffer whose read reported a miss.
 
@@ -125,8 +127,10 @@ class TieredStore(StagingPath):
         self._hits: list[dict[bytes, int]] = [{} for _ in tiers]
         self._claimed = [0] * len(tiers)  # room claimed by writers that have not published yet
         self._retiring: list[set[bytes]] = [set() for _ in tiers]  # chosen, not yet deleted
-        #: bumped (lock held) whenever a page leaves a tier's policy or retiring set: a leased
-        #: lookup that sees no bump since it asked the tiers skips re-checking its run
+        #: bumped (lock held) whenever a page leaves a tier's policy or retiring set, and only
+        #: once the tier has deleted it (same hold of the lock): a leased lookup reads it before
+        #: asking the tiers, and one that sees no bump when it leases skips re-checking its run
+        #: (see kvstore.leases, "What a lease promises")
         self._removals = 0
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
@@ -255,6 +259,18 @@ class TieredStore(StagingPath):
         check_count("num_blocks", num_blocks, 0)
         if num_blocks:
             self.namespace_counts.add(namespace_id, NamespaceCounts(declined=num_blocks))
+
+    def count_failed(self, namespace_id: bytes, what: str, reason: str, num_blocks: int) -> None:
+        """Count ``num_blocks`` blocks of ``namespace_id`` whose ``what`` ("load": recomputed;
+        "save": a later miss) failed in a connector for ``reason`` (one of
+        :data:`~kvstore.namespace_stats.FAILURE_REASONS`), in :attr:`namespace_counts`.
+        InvalidArgument for another pair."""
+        self._check_open()
+        check_namespace(namespace_id)
+        check_count("num_blocks", num_blocks, 0)
+        delta = NamespaceCounts.of_failure(what, reason, num_blocks)
+        if num_blocks:
+            self.namespace_counts.add(namespace_id, delta)
 
     def label_namespace(self, namespace_id: bytes, label: str) -> None:
         """Record ``label`` (:attr:`Namespace.label <kvstore.keys.Namespace.label>`) as the
@@ -431,10 +447,11 @@ class TieredStore(StagingPath):
                     gone.append(k)
             give_up = min(spared, claim)
             self._claimed[ti] -= give_up
-            self._removals += 1
             spaces = self._namespaces_of(tier, gone)
             if not tier.shared:
                 tier.delete(gone)
+            # after the delete, never before it: see _removals
+            self._removals += 1
         if tier.shared:  # network I/O: outside the lock (its policy is a budget, see above)
             tier.delete(gone)
         tier.count_eviction(len(gone))
@@ -671,7 +688,6 @@ class TieredStore(StagingPath):
         shared = []
         removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
         with self._lock:
-            self._removals += 1
             for ti, tier in enumerate(self.tiers):
                 for k in keys:
                     self.policies[ti].remove(k)
@@ -683,6 +699,7 @@ class TieredStore(StagingPath):
                     held = [k for k, here in zip(keys, tier.contains(keys)) if here]
                     removed.append((tier.name, held, self._namespaces_of(tier, held)))
                 n += tier.delete(keys)  # local index updates, under the lock: policy == tier
+            self._removals += 1  # after the deletes (see _removals)
         for tier in shared:  # network I/O outside the lock
             n += tier.delete(keys)
             removed.append((tier.name, keys, [None] * len(keys)))

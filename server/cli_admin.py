@@ -88,13 +88,23 @@ def _misses(m: dict[str, Any]) -> str:
             f"timeout {m['timeout']}")
 
 
+def _failed(n: dict[str, Any]) -> str:
+    """Failed loads and saves by reason (only the reasons that happened): "load error 9; save
+    none"."""
+    def by_reason(d: dict[str, int]) -> str:
+        return ", ".join(f"{r} {k}" for r, k in d.items() if k) or "none"
+
+    return (f"load {by_reason(n.get('load_failed_blocks', {}))}; "
+            f"save {by_reason(n.get('save_failed_blocks', {}))}")
+
+
 def _summary(s: dict[str, Any]) -> str:
     # every number here is the daemon's own count of client calls (the namespaces' counters
-    # summed): the engine's in-process connector counters never reach the daemon
+    # summed) and of what clients told it: their declines and their failed loads and saves
     return (f"client lookups: {s['lookup_hit_blocks']} blocks hit, {s['lookup_miss_blocks']} "
             f"missed (1m {_pct(s['lookup_hit_rate_1m'])}); loads: {s['loaded_pages']} pages "
             f"served, {s['load_missed_pages']} missed; recomputed: {s['declined_blocks']} "
-            f"blocks; leases: {s['active_leases']}")
+            f"blocks; failed blocks: {_failed(s)}; leases: {s['active_leases']}")
 
 
 def _named(n: dict[str, Any]) -> str:
@@ -121,7 +131,7 @@ def _tables(st: dict[str, Any]) -> Group:
             f"{_ms(lat.get('p50_s'))} / {_ms(lat.get('p99_s'))}")
     spaces = Table(title="top namespaces", title_justify="left")
     for col in ("namespace", "pages per tier", "bytes", "stored", "removed", "lookup 1m", "15m",
-                "lookup hit/miss", "loaded", "miss c/e/t/d"):
+                "lookup hit/miss", "loaded", "miss c/e/t/d", "failed"):
         spaces.add_column(col, justify="left" if col in ("namespace", "pages per tier") else "right")
     for n in st["namespaces"][:10]:
         nm = n["misses"]
@@ -131,7 +141,8 @@ def _tables(st: dict[str, Any]) -> Group:
                        _pct(n["hit_rate_1m"]), _pct(n["hit_rate_15m"]),
                        f"{n['lookup_hit_blocks']}/{n['lookup_miss_blocks']}",
                        str(n["loaded_pages"]),
-                       f"{nm['corrupt']}/{nm['expired']}/{nm['timeout']}/{nm['declined']}")
+                       f"{nm['corrupt']}/{nm['expired']}/{nm['timeout']}/{nm['declined']}",
+                       _failed(n))
     return Group(tiers, _summary(st["store"]), spaces)
 
 
@@ -162,7 +173,8 @@ def _stacked(st: dict[str, Any]) -> str:
                 f"    loads     {n['loaded_pages']} served, {n['load_missed_pages']} missed; "
                 f"recomputed {nm['declined']}",
                 f"    misses    corrupt {nm['corrupt']}, expired {nm['expired']}, "
-                f"timeout {nm['timeout']}"]
+                f"timeout {nm['timeout']}",
+                f"    failed    {_failed(n)}"]
     return "\n".join(out)
 
 

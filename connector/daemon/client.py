@@ -195,6 +195,9 @@ class DaemonStore:
         #: namespace id -> its label, told to the daemon once per session (again after a
         #: reconnect: a restarted daemon forgot them); as many as the daemon keeps
         self._labels: dict[bytes, str] = {}
+        #: failures (namespace, what, reason) -> blocks not yet told to the daemon (it was
+        #: unreachable), told when a session is open again; bounded like the daemon's rows
+        self._untold: Counter[tuple[bytes, str, str]] = Counter()
         self._session_id = ""
         self._connected = False
         self._channel: grpc.Channel | None = None
@@ -273,6 +276,10 @@ class DaemonStore:
             labels = list(self._labels.items())
         for ns, label in labels:  # a new session: the daemon may be a new process
             self._tell_label(ns, label)
+        with self._lock:
+            untold, self._untold = self._untold, Counter()
+        for (ns, what, reason), n in untold.items():
+            self._tell_failed(ns, what, reason, n)
         return info
 
     def _map(self, info: Any) -> None:
@@ -638,6 +645,40 @@ class DaemonStore:
             except RuntimeError:  # closed meanwhile: counted here only
                 self._failed("CountDeclined")
 
+    def count_failed(self, namespace_id: bytes, what: str, reason: str, num_blocks: int) -> None:
+        """As :meth:`TieredStore.count_failed`: counted in this process's
+        :attr:`namespace_counts` and told to the daemon without waiting for the reply (a
+        worker's load or save path calls this). While the daemon is unreachable -- the usual
+        cause of the failure -- the count waits here and is told to the next session, so the
+        daemon's stats show it once it is back. InvalidArgument for a bad id or pair, before
+        anything is counted."""
+        _check_ns(namespace_id)
+        delta = NamespaceCounts.of_failure(what, reason, num_blocks)
+        if num_blocks:
+            self.namespace_counts.add(namespace_id, delta)
+            self._tell_failed(namespace_id, what, reason, num_blocks)
+
+    def _tell_failed(self, namespace_id: bytes, what: str, reason: str, num_blocks: int) -> None:
+        req = pb.FailedRequest(namespace_id=namespace_id, what=what, reason=reason,
+                               blocks=num_blocks)
+
+        def tell() -> None:
+            try:
+                self._call("CountFailed", req)
+            except DaemonUnavailable:  # kept for the next session (a reconnect tells it)
+                self._failed("CountFailed")
+                with self._lock:
+                    key = (namespace_id, what, reason)
+                    if key in self._untold or len(self._untold) < MAX_NAMESPACES:
+                        self._untold[key] += num_blocks
+            except KVStoreError:  # refused (an older daemon): counted here only
+                self._failed("CountFailed")
+
+        try:
+            self._pool.submit(tell)
+        except RuntimeError:  # closed meanwhile: counted here only
+            self._failed("CountFailed")
+
     def label_namespace(self, namespace_id: bytes, label: str) -> None:
         """As :meth:`TieredStore.label_namespace`: told to the daemon without waiting for the
         reply, once per namespace per session (a per-namespace scheduler calls this when it is
@@ -745,10 +786,10 @@ class DaemonStore:
                                     lease_ticket=ticket)
         try:
             r = self._call("PrepareLoad", req)
-        except DaemonUnavailable:
+        except DaemonUnavailable as exc:
             self._failed("prepare_load")
             return LoadHandle(0, self.owner, self._staging, namespace_id, (), (), None,
-                              self._slab_view())
+                              self._slab_view(), unavailable=str(exc))
         with self._lock:
             self._open.add(r.handle_id)
         n = len(r.slots)
@@ -784,7 +825,8 @@ class DaemonStore:
         except (DaemonUnavailable, QuotaExceeded) as exc:
             self._failed("prepare_store" if isinstance(exc, DaemonUnavailable) else "quota")
             return StoreHandle(0, self.owner, self._staging, (), (), 0, len(metas),
-                               self._staging_view())
+                               self._staging_view(),
+                               unavailable=str(exc) if isinstance(exc, DaemonUnavailable) else "")
         with self._lock:
             self._open.add(r.handle_id)
             self._store_ns[r.handle_id] = nsid

@@ -401,6 +401,18 @@ class DeclinedRequest(_message.Message):
     blocks: int
     def __init__(self, namespace_id: _Optional[bytes] = ..., blocks: _Optional[int] = ...) -> None: ...
 
+class FailedRequest(_message.Message):
+    __slots__ = ("namespace_id", "what", "reason", "blocks")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    what: str
+    reason: str
+    blocks: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., what: _Optional[str] = ..., reason: _Optional[str] = ..., blocks: _Optional[int] = ...) -> None: ...
+
 class LabelRequest(_message.Message):
     __slots__ = ("namespace_id", "label")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]

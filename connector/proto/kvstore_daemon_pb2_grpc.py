@@ -104,6 +104,11 @@ class KVStoreDaemonStub:
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeclinedRequest.SerializeToString,
                 response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
                 _registered_method=True)
+        self.CountFailed = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/CountFailed',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.FailedRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
+                _registered_method=True)
         self.LabelNamespace = channel.unary_unary(
                 '/kvstore.daemon.v1.KVStoreDaemon/LabelNamespace',
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.LabelRequest.SerializeToString,
@@ -222,6 +227,12 @@ class KVStoreDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountFailed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LabelNamespace(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -323,6 +334,11 @@ def add_KVStoreDaemonServicer_to_server(servicer, server):
             'CountDeclined': grpc.unary_unary_rpc_method_handler(
                     servicer.CountDeclined,
                     request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.DeclinedRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.SerializeToString,
+            ),
+            'CountFailed': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountFailed,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.FailedRequest.FromString,
                     response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.SerializeToString,
             ),
             'LabelNamespace': grpc.unary_unary_rpc_method_handler(
@@ -728,6 +744,33 @@ class KVStoreDaemon:
             target,
             '/kvstore.daemon.v1.KVStoreDaemon/CountDeclined',
             connector_dot_proto_dot_kvstore__daemon__pb2.DeclinedRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountFailed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/CountFailed',
+            connector_dot_proto_dot_kvstore__daemon__pb2.FailedRequest.SerializeToString,
             connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
             options,
             channel_credentials,

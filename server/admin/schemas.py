@@ -136,6 +136,11 @@ class NamespaceTraffic(_Out):
     loaded_pages: int = Field(description="pages loads pinned and reads returned")
     load_missed_pages: int = Field(description="pages loads and reads asked for and missed")
     misses: NamespaceMisses
+    load_failed_blocks: dict[str, int] = Field(description=(
+        "reason -> blocks connectors failed to load and recomputed (error: the daemon gone "
+        "mid-load, say), as they told the daemon; every reason, zeros too"))
+    save_failed_blocks: dict[str, int] = Field(description=(
+        "reason -> blocks connectors failed to save (a later miss), as they told the daemon"))
 
 
 class OtherNamespaces(NamespaceTraffic):
@@ -171,6 +176,10 @@ class StoreStatsOut(_Out):
     load_missed_pages: int = Field(description="pages loads and reads asked for and missed")
     declined_blocks: int = Field(description="matched blocks a connector recomputed instead of "
                                              "loading (load-or-recompute), as clients told it")
+    load_failed_blocks: dict[str, int] = Field(description=(
+        "reason -> blocks connectors failed to load and recomputed, as clients told it"))
+    save_failed_blocks: dict[str, int] = Field(description=(
+        "reason -> blocks connectors failed to save, as clients told it"))
     active_leases: int
     copies_pages: dict[str, int] = Field(description="'reason->tier': pages copied into a tier")
 

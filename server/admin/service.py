@@ -138,6 +138,7 @@ class AdminService:
                                       now.lookup_miss - m15.lookup_miss),
             loaded_pages=total.load_hit, load_missed_pages=total.load_miss,
             declined_blocks=total.declined,
+            load_failed_blocks=total.failed("load"), save_failed_blocks=total.failed("save"),
             active_leases=st.active_leases, copies_pages=dict(st.copies))
         removals = [s.Removal(at=r.at, tier=r.tier, pages=r.pages,
                               namespace_ids=[n.hex() for n in r.namespace_ids])
@@ -459,7 +460,8 @@ def _traffic(now: NamespaceCounts, m1: NamespaceCounts, m15: NamespaceCounts) ->
         loaded_pages=now.load_hit, load_missed_pages=now.load_miss,
         misses=s.NamespaceMisses(absent=now.lookup_miss, corrupt=now.corrupt,
                                  expired=now.expired, timeout=now.timeout,
-                                 declined=now.declined))
+                                 declined=now.declined),
+        load_failed_blocks=now.failed("load"), save_failed_blocks=now.failed("save"))
 
 
 def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:

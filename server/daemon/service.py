@@ -480,6 +480,12 @@ class DaemonService:
         check_namespace(ns)
         self.store.count_declined(ns, blocks)
 
+    def count_failed(self, ns: bytes, what: str, reason: str, blocks: int) -> None:
+        """A client failed to load (recomputed) or save ``blocks`` blocks of ``ns`` for
+        ``reason``; InvalidArgument for a (what, reason) the store does not count."""
+        check_namespace(ns)
+        self.store.count_failed(ns, what, reason, blocks)
+
     def label_namespace(self, ns: bytes, label: bytes) -> None:
         """A client names ``ns`` (its model and tenant) for the stats; ``label`` as the wire
         carries it: InvalidArgument unless it is short UTF-8 text (see

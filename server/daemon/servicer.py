@@ -296,6 +296,12 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         return pb.Empty()
 
     @_unary
+    def CountFailed(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.service.count_failed(request.namespace_id, request.what, request.reason,
+                                  request.blocks)
+        return pb.Empty()
+
+    @_unary
     def LabelNamespace(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.service.label_namespace(request.namespace_id, request.label)
         return pb.Empty()
