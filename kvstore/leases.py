@@ -15,6 +15,44 @@ Pins are counted lazily too: a grant only records its lease, and its keys are co
 live from a lookup to the load right after it and see no eviction meanwhile: their grant and
 release then cost no per-key work at all (for a 2048-key prompt, ~0.15 ms less on the hit
 path, and on every daemon lookup).
+
+What a lease promises, and how the store keeps it
+-------------------------------------------------
+
+A page that ``TieredStore.lookup(..., lease=True)`` reports in tier T stays in T, readable
+under the lease's namespace, until the lease is released or expires. Eviction never takes it;
+an explicit ``delete`` and a page that fails verification (a miss, never wrong bytes) still
+can. The lookup asks the tiers *without* the store lock and grants the lease under it, so the
+store closes the gap between the two:
+
+* Before asking the tiers the lookup reads the store's removal count; under the lock, if the
+  count moved, it keeps only the leading pages that T's policy still tracks or that are still
+  retiring there (chosen as victims, not yet deleted). For a tier only this store writes, the
+  policy and the retiring set hold only pages T holds, under the lock.
+* Every removal of a page from a local tier (a victim's delete in ``_retire``, ``delete``)
+  bumps the count in the same hold of the lock, *after* the tier deleted the page. Bumped
+  before, this interleaving leased a page already gone (issue 42; the window is wide when the
+  delete waits for a disk tier's index commit)::
+
+      evictor (lock held)                  leased lookup (no lock)
+      -------------------                  -----------------------
+      chooses K, writes it back
+      removals += 1
+                                           reads removals (the bumped value)
+                                           asks T: K is there
+      T.delete(K) ...                      waits for the lock
+      ... releases the lock
+                                           removals unchanged: no re-check, leases K
+                                           get: K is in no tier it reads (or not in T)
+
+* A victim chosen before the grant and deleted after it is spared (``_retire`` re-admits a
+  pinned victim under the lock), and a victim's choice skips pinned keys: from the grant on no
+  eviction takes a pinned page, in any tier.
+* A put or promotion of a leased key replaces its slot in one step of the tier's index (the
+  old slot stays with readers that pinned it): the key never leaves T meanwhile.
+
+``tests/unit/test_store_interleavings.py`` stops a thread in each of these windows;
+``tests/tiers/test_store_lease_stress.py`` runs them under load.
 """
 
 from __future__ import annotations
