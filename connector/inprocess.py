@@ -380,8 +380,13 @@ class InProcessScheduler(KVConnectorScheduler):
         return n
 
     def update_state_after_alloc(
-        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int
+        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int, *,
+        load_async: bool | None = None,
     ) -> None:
+        """``load_async``: overrides the match's own answer, for an engine that loads one
+        request from several schedulers (vLLM's tensor-parallel shards, each from its own
+        namespace): every shard's load must end the same way -- asynchronously, reported in
+        ``recving``, or in the step -- or the engine waits for a report that never comes."""
         match = self._matches.get(request_id)
         if match is None or match.spec is not None:
             raise InvalidArgument(
@@ -406,7 +411,8 @@ class InProcessScheduler(KVConnectorScheduler):
         match.spec = LoadSpec(  # the keys passed the lookup's checks: not checked again
             request_id, self.namespace.id, ids,
             match.keys if n == len(match.keys) else CheckedKeys(match.keys[:n]),
-            match.lease, match.load_async, self.skip_first_layer,
+            match.lease, match.load_async if load_async is None else bool(load_async),
+            self.skip_first_layer,
         )
 
     def request_save(

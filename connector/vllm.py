@@ -73,10 +73,18 @@ The layout is vLLM's (it needs no configuring). Process layouts: through the dae
 sides may live in different processes -- vLLM's default on its CPU build, where the scheduler
 runs in EngineCore and the worker in a process of its own: the scheduler side's lookup leases
 the pages, and the worker's client takes the lease over by its ticket (see
-:mod:`server.daemon.service`). In-process mode needs both sides in one process (vLLM's ``uni``
-executor); in any other layout it is refused at start (:func:`check_process_layout`), since
-each process would build a store of its own. Tensor and pipeline parallelism must be 1 (several
-such engines may share one daemon).
+:mod:`server.daemon.service`). In-process mode needs both sides and one worker in one process
+(vLLM's ``uni`` executor); in any other layout it is refused at start
+(:func:`check_process_layout`), since each process would build a store of its own.
+
+Tensor parallelism (daemon mode): each of the ``tensor_parallel_size`` workers holds a shard of
+the KV heads, and stores its share of a block as a page of its own, in the shard's namespace
+(the model id with ``#tp<rank>/<world>``, :func:`~kvstore.keys.shard_model_id`; the daemon's
+``[layout]`` is one worker's: ``num_kv_heads`` per rank). The scheduler side looks up every
+shard's namespace and offers the run all of them hold -- a hit loads every shard or none; the
+plan it builds holds each rank's loads and saves (:class:`KVStoreConnectorMetadata`), and each
+worker binds its own. A block that fails on one rank is reported by that worker; vLLM unions the
+workers' reports and recomputes the block on every rank. Pipeline parallelism is refused.
 
 Stats: :meth:`KVStoreConnector.get_kv_connector_stats` hands vLLM each side's counters (hits by
 tier, misses, pending lookups, blocks loaded and saved, load errors by reason, daemon failures);
@@ -122,7 +130,7 @@ from connector.vllm_engine import (
     load_kvstore_config,
 )
 from kvstore.errors import ConfigError, InvalidArgument
-from kvstore.keys import BlockMeta, Namespace, chain_keys, token_bytes
+from kvstore.keys import BlockMeta, Namespace, chain_keys, shard_model_id, token_bytes
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -179,17 +187,28 @@ def layout_for(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple
 
 @dataclass(eq=False)
 class _Req:
-    """Scheduler-side state of one request the connector follows."""
+    """Scheduler-side state of one request the connector follows. ``scheds``: one scheduler
+    per tensor-parallel shard (rank order), each over the shard's namespace; empty for a
+    request the connector skips."""
 
     request: Request
-    sched: InProcessScheduler
+    scheds: tuple[InProcessScheduler, ...]
     num_local: int = 0  # tokens vLLM's own prefix cache had at the last match
     block_ids: list[int] = field(default_factory=list)
     saved: int | None = None  # leading blocks saved (or already held) so far
-    keys: list[bytes] = field(default_factory=list)  # keys of the first len(keys) blocks
+    #: per shard, the keys of the first len(keys[r]) blocks in that shard's namespace
+    keys: list[list[bytes]] = field(default_factory=list)
     load_async: bool = False  # the last match loads across steps
     receiving: bool = False  # an asynchronous load into its blocks was handed out, not reported
     loading: tuple[int, ...] = ()  # the blocks its last load writes, in prompt order
+
+
+def _tensor_parallel_rank() -> int:
+    """This worker's tensor-parallel rank (vLLM set up its process groups before it builds a
+    worker's connector)."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
 
 
 def _count_loaded_only(request: Request, num_local_tokens: int, num_loaded_tokens: int) -> None:
@@ -226,9 +245,10 @@ def _count_loaded_only(request: Request, num_local_tokens: int, num_loaded_token
 
 @dataclass
 class KVStoreConnectorMetadata(KVConnectorMetadata):
-    """One step's plan, as the worker side binds it."""
+    """One step's plan per tensor-parallel rank (``plans[rank]``, rank order): each worker
+    binds its own shard's loads and saves."""
 
-    plan: ConnectorMetadata
+    plans: tuple[ConnectorMetadata, ...]
 
 
 class KVStoreConnector(KVConnectorBase_V1):
@@ -248,13 +268,16 @@ class KVStoreConnector(KVConnectorBase_V1):
                 "its check would fail the request instead of being recomputed",
                 hint='set kv_transfer_config.kv_load_failure_policy = "recompute"')
         par = vllm_config.parallel_config
-        if par.world_size > 1:
+        if par.pipeline_parallel_size > 1:
             raise ConfigError(
-                f"kvstore's vLLM connector runs its two sides in vLLM's engine process; this "
-                f"engine has {par.world_size} workers (tensor x pipeline parallel), whose KV "
-                "heads are sharded across processes",
-                hint="run tensor_parallel_size=1 and pipeline_parallel_size=1; several such "
-                "engines on a node share one kvstore daemon (kv_connector_extra_config.daemon)")
+                f"pipeline_parallel_size is {par.pipeline_parallel_size}: kvstore's vLLM "
+                "connector keeps tensor-parallel shards, not pipeline stages (each stage holds "
+                "other layers of a block)",
+                hint="use tensor_parallel_size for several workers; several engines on a node "
+                "share one kvstore daemon (kv_connector_extra_config.daemon)")
+        self._world = int(par.tensor_parallel_size)
+        self._rank = _tensor_parallel_rank() if (
+            role == KVConnectorRole.WORKER and self._world > 1) else 0
         self._layout, self._layer_names = layout_for(vllm_config, kv_cache_config)
         self._layer_index = {n: i for i, n in enumerate(self._layer_names)}
         self._block_size = self._layout.block_size
@@ -267,19 +290,21 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._engine_id = str(tcfg.engine_id)
         num_blocks = int(kv_cache_config.num_blocks)
         daemon = daemon_target(extra)
-        check_process_layout(par.distributed_executor_backend, daemon is not None)
+        check_process_layout(par.distributed_executor_backend, self._world, daemon is not None)
         self._engine = attach(self._engine_id,
                               lambda: EngineState(cfg, self._layout, num_blocks, daemon))
         self._closed = False
         self._reported: dict[str, int] = {}  # counters as of the last get_kv_connector_stats
         # scheduler side
-        self._scheds: dict[bytes, InProcessScheduler] = {}
+        self._scheds: dict[bytes, tuple[int, InProcessScheduler]] = {}  # ns id -> (rank, ...)
         self._reqs: dict[str, _Req] = {}
         self._host = self._engine.host
 
     # ================================================================ scheduler side
 
-    def _namespace(self, request: Request) -> Namespace:
+    def _namespaces(self, request: Request) -> list[Namespace]:
+        """The request's namespace per tensor-parallel shard, rank order (one without tensor
+        parallelism)."""
         model = self._model_id
         lora = getattr(request, "lora_request", None)
         if lora is not None:
@@ -288,16 +313,17 @@ class KVStoreConnector(KVConnectorBase_V1):
         cache_salt = getattr(request, "cache_salt", None)
         if cache_salt is not None:  # length-prefixed: no two (tenant, cache) pairs collide
             salt = f"{len(salt)}:{salt}|{cache_salt}"
-        return Namespace(model, self._layout, salt, self._secret)
+        return [Namespace(shard_model_id(model, r, self._world), self._layout, salt, self._secret)
+                for r in range(self._world)]
 
-    def _scheduler(self, ns: Namespace) -> InProcessScheduler:
-        sched = self._scheds.get(ns.id)
-        if sched is None:
-            sched = self._scheds[ns.id] = InProcessScheduler(
+    def _scheduler(self, ns: Namespace, rank: int) -> InProcessScheduler:
+        entry = self._scheds.get(ns.id)
+        if entry is None:
+            entry = self._scheds[ns.id] = (rank, InProcessScheduler(
                 self._engine.store_for(ns.id), ns,  # type: ignore[arg-type]
                 num_blocks=self._engine.num_blocks, host_tier=self._host,
-                async_below_host=not self._engine.cpu_inline)
-        return sched
+                async_below_host=not self._engine.cpu_inline))
+        return entry[1]
 
     def _skip_reason(self, request: Request) -> str | None:
         if getattr(request, "mm_features", None):
@@ -312,11 +338,11 @@ class KVStoreConnector(KVConnectorBase_V1):
             reason = self._skip_reason(request)
             if reason is not None:
                 self._engine.skipped[reason] += 1
-                self._reqs[request.request_id] = st = _Req(request, None)  # type: ignore[arg-type]
+                self._reqs[request.request_id] = st = _Req(request, ())
                 return None
-            st = self._reqs[request.request_id] = _Req(
-                request, self._scheduler(self._namespace(request)))
-        return st if st.sched is not None else None
+            st = self._reqs[request.request_id] = _Req(request, tuple(
+                self._scheduler(ns, r) for r, ns in enumerate(self._namespaces(request))))
+        return st if st.scheds else None
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -326,16 +352,23 @@ class KVStoreConnector(KVConnectorBase_V1):
             return 0, False
         st.num_local = num_computed_tokens
         tokens = request.all_token_ids
-        m = st.sched.get_num_new_matched_tokens(request.request_id, tokens, num_computed_tokens)
+        rid = request.request_id
+        ms = [s.get_num_new_matched_tokens(rid, tokens, num_computed_tokens) for s in st.scheds]
         eng = self._engine
-        if m.num_tokens is None:  # a lookup below host is in flight: vLLM asks again
-            eng.pending += 1
+        if any(m.num_tokens is None for m in ms):  # a lookup below host is in flight: vLLM
+            eng.pending += 1                       # asks again (and each shard looks up anew)
             return None, False
-        for t in m.tiers:
+        # a hit loads every shard or none: the run all shards hold
+        n = min(m.num_tokens or 0 for m in ms)
+        if n == 0:
+            for s, m in zip(st.scheds, ms):
+                if m.num_tokens:  # release what the shard's lookup leased
+                    s.update_state_after_alloc(rid, [], 0)
+        for t in ms[0].tiers[:n // B]:
             eng.matched[t] += B
-        eng.missed += max(0, (len(tokens) - 1) // B * B - num_computed_tokens - m.num_tokens)
-        st.load_async = m.load_async
-        return m.num_tokens, m.load_async
+        eng.missed += max(0, (len(tokens) - 1) // B * B - num_computed_tokens - n)
+        st.load_async = n > 0 and any(m.load_async for m in ms)
+        return n, st.load_async
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
@@ -349,8 +382,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         B = self._block_size
         first = st.num_local // B
         st.loading = tuple(ids[first:first + num_external_tokens // B])
-        st.sched.update_state_after_alloc(request.request_id, list(st.loading),
-                                          num_external_tokens)
+        for s in st.scheds:  # every shard loads the same blocks, all in the step or all async
+            s.update_state_after_alloc(request.request_id, list(st.loading),
+                                       num_external_tokens, load_async=st.load_async)
         st.receiving = st.load_async
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -373,7 +407,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         sched_tokens = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
-            if st is None or st.sched is None:
+            if st is None or not st.scheds:
                 continue
             st.block_ids = list(new.block_ids[0])
             self._plan_saves(st, new.num_computed_tokens, sched_tokens.get(new.req_id, 0))
@@ -381,7 +415,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         resumed: set[str] = getattr(cached, "resumed_req_ids", set())
         for i, rid in enumerate(cached.req_ids):
             st = self._reqs.get(rid)
-            if st is None or st.sched is None:
+            if st is None or not st.scheds:
                 continue
             new_ids = cached.new_block_ids[i]
             if rid in resumed:
@@ -391,14 +425,15 @@ class KVStoreConnector(KVConnectorBase_V1):
             elif new_ids is not None:
                 st.block_ids.extend(new_ids[0])
             self._plan_saves(st, cached.num_computed_tokens[i], sched_tokens.get(rid, 0))
-        loads: list[LoadSpec] = []
-        saves: list[SaveSpec] = []
-        for sched in self._scheds.values():
+        loads: list[list[LoadSpec]] = [[] for _ in range(self._world)]
+        saves: list[list[SaveSpec]] = [[] for _ in range(self._world)]
+        for rank, sched in self._scheds.values():
             plan = sched.build_connector_meta()
-            loads.extend(plan.loads)
-            saves.extend(plan.saves)
+            loads[rank].extend(plan.loads)
+            saves[rank].extend(plan.saves)
         self._gc_schedulers()
-        return KVStoreConnectorMetadata(ConnectorMetadata(tuple(loads), tuple(saves)))
+        return KVStoreConnectorMetadata(tuple(
+            ConnectorMetadata(tuple(lo), tuple(sa)) for lo, sa in zip(loads, saves)))
 
     def _plan_saves(self, st: _Req, num_computed: int, num_scheduled: int) -> None:
         """Hand the blocks that are full once this step ran to the scheduler's saves."""
@@ -411,35 +446,39 @@ class KVStoreConnector(KVConnectorBase_V1):
         full = min(num_computed + num_scheduled, len(tokens), len(st.block_ids) * B) // B
         if full <= st.saved:
             return
-        ns = st.sched.namespace
-        # keys of every block up to `full` (computed once, extended as the request grows)
-        have = len(st.keys)
-        if full > have:
-            parent = st.keys[-1] if st.keys else ns.seed
-            st.keys.extend(chain_keys(parent, token_bytes(tokens[have * B:full * B]), B))
+        if not st.keys:
+            st.keys = [[] for _ in st.scheds]
         data = token_bytes(tokens[st.saved * B:full * B])
         step = 4 * B
-        metas = [
-            BlockMeta(ns.seed, st.keys[i], st.keys[i - 1] if i else ns.seed,
-                      data[(i - st.saved) * step:(i - st.saved + 1) * step])
-            for i in range(st.saved, full)
-        ]
-        st.sched.request_save(st.request.request_id, st.block_ids[st.saved:full], metas)
+        for sched, keys in zip(st.scheds, st.keys):  # each shard under its own namespace
+            ns = sched.namespace
+            # keys of every block up to `full` (computed once, extended as the request grows)
+            have = len(keys)
+            if full > have:
+                parent = keys[-1] if keys else ns.seed
+                keys.extend(chain_keys(parent, token_bytes(tokens[have * B:full * B]), B))
+            metas = [
+                BlockMeta(ns.seed, keys[i], keys[i - 1] if i else ns.seed,
+                          data[(i - st.saved) * step:(i - st.saved + 1) * step])
+                for i in range(st.saved, full)
+            ]
+            sched.request_save(st.request.request_id, st.block_ids[st.saved:full], metas)
         st.saved = full
 
     def _gc_schedulers(self) -> None:
-        live = {st.sched.namespace.id for st in self._reqs.values() if st.sched is not None}
+        live = {s.namespace.id for st in self._reqs.values() for s in st.scheds}
         for ns_id in [n for n in self._scheds if n not in live]:
-            sched = self._scheds[ns_id]
+            sched = self._scheds[ns_id][1]
             if not sched._matches and not sched._transfers and not sched._saves:
                 del self._scheds[ns_id]
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         st = self._reqs.pop(request.request_id, None)
-        if st is None or st.sched is None:
+        if st is None or not st.scheds:
             return False, None
-        st.sched.request_finished(request.request_id)
+        for s in st.scheds:
+            s.request_finished(request.request_id)
         # Saves need no delay: wait_for_save, at the end of every step, waits until the copies
         # out of the engine's blocks landed, so the blocks may be reused in the next step. An
         # asynchronous load still writing into them must end first.
@@ -474,7 +513,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         assert isinstance(connector_metadata, KVStoreConnectorMetadata)
-        self._engine.worker.bind_connector_metadata(connector_metadata.plan)
+        self._engine.worker.bind_connector_metadata(connector_metadata.plans[self._rank])
 
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
@@ -536,7 +575,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         if self._closed:
             return
         self._closed = True
-        for sched in self._scheds.values():
+        for _rank, sched in self._scheds.values():
             sched.close()
         self._scheds.clear()
         detach(self._engine_id)

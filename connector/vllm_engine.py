@@ -79,18 +79,29 @@ def load_kvstore_config(extra: Mapping[str, Any], layout: KVLayout, model_id: st
 SPLIT_EXECUTORS = frozenset({"mp", "ray"})
 
 
-def check_process_layout(executor_backend: object, daemon: bool) -> None:
-    """Refuse in-process mode where vLLM runs its workers apart from its scheduler: each
-    process would build a store of its own, and no load would ever find what a save stored
-    (with a disk tier, the second process could not even open it). Through the daemon both
-    sides share its store, in any layout."""
-    if daemon or str(executor_backend) not in SPLIT_EXECUTORS:
+def check_process_layout(executor_backend: object, world_size: int, daemon: bool) -> None:
+    """Refuse in-process mode where vLLM runs its workers apart from its scheduler, or runs
+    several workers: each process would build a store of its own, and no load would ever find
+    what a save stored (with a disk tier, the second process could not even open it). Through
+    the daemon every side of every rank shares its store, in any layout but torchrun's
+    (``external_launcher``) with several ranks: there each rank schedules on its own, and a
+    hit must load every shard or none, which one scheduler over all shards decides."""
+    if world_size > 1 and str(executor_backend) == "external_launcher":
+        raise ConfigError(
+            f"kvstore's connector cannot run {world_size} tensor-parallel ranks under "
+            "distributed_executor_backend='external_launcher': each rank schedules on its own, "
+            "and no one side sees every shard of a hit",
+            hint="use vLLM's own executor (distributed_executor_backend='mp', the default) "
+                 "with kv_connector_extra_config.daemon")
+    if daemon or (str(executor_backend) not in SPLIT_EXECUTORS and world_size == 1):
         return
+    why = (f"runs {world_size} tensor-parallel workers" if world_size > 1 else
+           "runs its workers in processes of their own")
     raise ConfigError(
-        f"kvstore's in-process mode needs vLLM's scheduler and workers in one process, but this "
-        f"engine runs its workers in processes of their own (distributed_executor_backend="
-        f"{executor_backend!r}: vLLM's CPU build always does unless "
-        "VLLM_ENABLE_V1_MULTIPROCESSING=0, GPU builds with tensor or pipeline parallelism)",
+        f"kvstore's in-process mode needs vLLM's scheduler and one worker in one process, but "
+        f"this engine {why} (distributed_executor_backend={executor_backend!r}: vLLM's CPU "
+        "build always splits them unless VLLM_ENABLE_V1_MULTIPROCESSING=0, GPU builds with "
+        "tensor or pipeline parallelism)",
         hint="run `kvstore serve` and set kv_connector_extra_config.daemon to its socket "
              "(unix:///path/kvstore.sock); or VLLM_ENABLE_V1_MULTIPROCESSING=0 with one worker")
 

@@ -21,6 +21,12 @@ Block keys, one per *full* block of ``block_size`` tokens (a trailing partial bl
     key[-1] = seed
     key[i]  = xxh3_128( key[i-1] || int32le(tokens[i*B : (i+1)*B]) )
 
+Tensor-parallel shards: an engine whose KV heads are split over ``world`` workers stores each
+worker's share of a block as its own page, in the namespace of the model id
+``shard_model_id(model_id, rank, world) = model_id || "#tp" || rank || "/" || world`` (decimal;
+``model_id`` itself when ``world == 1``), so shards never share keys and a page says which
+shard it is.
+
 ``xxh3_128`` is XXH3-128 with seed 0 and its canonical (big-endian) 16-byte digest. There is no
 per-process state: the same namespace and tokens give the same keys in every process on every
 machine. Because each key covers its parent, key *i* names the whole prefix ``tokens[:(i+1)*B]``
@@ -154,6 +160,15 @@ class BlockChain:
 #: From this many blocks on, a chain is hashed in one native call (below it, the call's own
 #: cost is more than the Python loop's).
 _NATIVE_MIN_BLOCKS = 16
+
+
+def shard_model_id(model_id: str, rank: int, world: int) -> str:
+    """The model id of tensor-parallel shard ``rank`` of ``world`` (see the module docstring);
+    ``model_id`` when ``world == 1``."""
+    if (isinstance(world, bool) or not isinstance(world, int) or world < 1
+            or isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world):
+        raise InvalidArgument(f"tensor-parallel shard {rank!r} of {world!r}: need 0 <= rank < world")
+    return model_id if world == 1 else f"{model_id}#tp{rank}/{world}"
 
 
 def chain_keys(seed: bytes, data: bytes, block_size: int) -> list[bytes]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvstore import InvalidArgument, KVLayout, Namespace, chain_keys, token_bytes
+from kvstore.keys import shard_model_id
 
 LLAMA = KVLayout(32, 8, 128, 16, "bfloat16")
 
@@ -152,3 +153,15 @@ def test_token_bytes_refuses_an_id_array_past_int32(n: int) -> None:
     ids[n // 2] = 2**31
     with pytest.raises(InvalidArgument, match="2147483648"):
         token_bytes(ids)
+
+
+def test_tensor_parallel_shards_have_namespaces_of_their_own() -> None:
+    layout = KVLayout(32, 8, 128, 16, "bfloat16")
+    assert shard_model_id("m", 0, 1) == "m"  # no tensor parallelism: the model's own keys
+    ids = [shard_model_id("m", r, 2) for r in range(2)]
+    assert ids == ["m#tp0/2", "m#tp1/2"]
+    seeds = {Namespace(i, layout).seed for i in [*ids, "m", shard_model_id("m", 0, 4)]}
+    assert len(seeds) == 4
+    for rank, world in [(2, 2), (-1, 2), (0, 0), (True, 2), (0, 1.0)]:
+        with pytest.raises(InvalidArgument, match="tensor-parallel shard"):
+            shard_model_id("m", rank, world)  # type: ignore[arg-type]

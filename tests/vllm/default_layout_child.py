@@ -1,16 +1,17 @@
 """vLLM in its default process layout (no ``VLLM_ENABLE_V1_MULTIPROCESSING`` override: the
-scheduler in an EngineCore process, the worker in a process of its own) with kvstore's
-connector over a daemon: a prompt, ``reset_prefix_cache``, the same prompt again. Prints one
-``RESULT {json}`` line: each run's greedy tokens and ``num_cached_tokens``.
+scheduler in an EngineCore process, each worker in a process of its own) with kvstore's
+connector: a prompt, ``reset_prefix_cache``, the same prompt again. Prints one ``RESULT
+{json}`` line: each run's greedy tokens and ``num_cached_tokens``.
 
-``argv``: the model directory, the daemon's address (or ``in-process``: a host tier of its own,
-which this layout refuses)."""
+``argv``: the model directory; the connector: the daemon's address, ``in-process`` (a host tier
+of its own, which this layout refuses) or ``none`` (vLLM without the plug-in); optionally
+``--tp N`` (``tensor_parallel_size``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 
 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -20,10 +21,17 @@ from tests.vllm.prompts import PROMPTS  # noqa: E402
 
 
 def main() -> None:
-    model, target = sys.argv[1], sys.argv[2]
-    extra = {"daemon": target} if target != "in-process" else {
-        "tiers": [{"kind": "host", "capacity": "64MiB"}]}
-    llm = ve.make_llm(model, ve.kvstore_transfer_config(extra))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("connector")
+    parser.add_argument("--tp", type=int, default=1)
+    args = parser.parse_args()
+    transfer = None
+    if args.connector == "in-process":
+        transfer = ve.kvstore_transfer_config({"tiers": [{"kind": "host", "capacity": "64MiB"}]})
+    elif args.connector != "none":
+        transfer = ve.kvstore_transfer_config({"daemon": args.connector})
+    llm = ve.make_llm(args.model, transfer, tensor_parallel_size=args.tp)
     try:
         first = ve.generate(llm, [PROMPTS[0]])[0]
         ve.reset_prefix_cache(llm)
@@ -33,5 +41,5 @@ def main() -> None:
     print("RESULT " + json.dumps({"first": first, "second": second}), flush=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # vLLM starts its processes by spawning: they import this module
     main()

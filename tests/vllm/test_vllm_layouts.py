@@ -17,19 +17,34 @@ import pytest
 
 from bench import vllm_engines as ve
 from connector.daemon import DaemonStore
+from kvstore.keys import Namespace, shard_model_id
 from tests.server.daemon_proc import ROOT, DaemonProc, write_config
-from tests.vllm.prompts import LOADABLE
+from tests.vllm.prompts import LOADABLE, PROMPTS
 from tests.vllm.test_vllm_daemon import VLLM_LAYOUT
 
 
-def _child(model: str, target: str) -> subprocess.CompletedProcess[str]:
+def _child(model: str, target: str, tp: int = 1) -> subprocess.CompletedProcess[str]:
     """vLLM in its default layout: no VLLM_ENABLE_V1_MULTIPROCESSING (conftest sets it for
-    this process's engines)."""
+    this process's engines). With ``tp`` > 1 each worker's threads get their share of this
+    machine's cores: vLLM's CPU build binds one NUMA node per worker by itself and refuses
+    when there are fewer nodes than workers, as here (its documented remedy,
+    VLLM_CPU_OMP_THREADS_BIND)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env["PYTHONPATH"] = str(ROOT)
+    if tp > 1:
+        cpus = sorted(os.sched_getaffinity(0))
+        share = max(1, len(cpus) // tp)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            ",".join(map(str, cpus[r * share:(r + 1) * share] or cpus[-1:])) for r in range(tp))
     return subprocess.run(
-        [sys.executable, str(ROOT / "tests/vllm/default_layout_child.py"), model, target],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+        [sys.executable, str(ROOT / "tests/vllm/default_layout_child.py"), model, target,
+         "--tp", str(tp)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, list[list[int] | int]]:
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[0][len("RESULT "):])  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(600)
@@ -37,10 +52,7 @@ def test_default_process_layout_loads_from_the_daemon(tiny_llama: str, expected:
                                                       tmp_path: Path) -> None:
     cfg = write_config(tmp_path, host="64MiB", disk=None, layout=VLLM_LAYOUT)
     with DaemonProc(cfg) as d:
-        proc = _child(tiny_llama, d.target)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-        out = json.loads(lines[0][len("RESULT "):])
+        out = _result(_child(tiny_llama, d.target))
         assert out["first"] == [expected[0], 0]
         assert out["second"] == [expected[0], LOADABLE]  # vLLM's count of loaded tokens ...
         with DaemonStore(d.target) as c:  # ... and the store's: every block hit, none missed
@@ -57,6 +69,38 @@ def test_in_process_mode_in_the_default_layout_is_refused_with_one_line(tiny_lla
     and the error says why and what to set."""
     proc = _child(tiny_llama, "in-process")
     assert proc.returncode != 0 and "RESULT" not in proc.stdout
-    assert ("kvstore's in-process mode needs vLLM's scheduler and workers in one process"
+    assert ("kvstore's in-process mode needs vLLM's scheduler and one worker in one process"
             in proc.stderr), proc.stderr[-4000:]
     assert "set kv_connector_extra_config.daemon" in proc.stderr
+
+
+#: one tensor-parallel worker's page layout: the tiny Llama's 2 KV heads split over 2 ranks
+TP2_LAYOUT = {**VLLM_LAYOUT, "num_kv_heads": 1}
+
+
+@pytest.mark.timeout(900)
+def test_tensor_parallel_shards_load_from_the_daemon(tiny_llama: str, tmp_path: Path) -> None:
+    """tensor_parallel_size=2 on vLLM's CPU build: each worker saves its shard of every block in
+    its shard's namespace, and a repeated prompt loads both shards of every block -- counted by
+    the daemon per shard -- with greedy tokens identical to the same engine without the
+    plug-in."""
+    plain = _result(_child(tiny_llama, "none", tp=2))
+    assert plain["first"][1] == 0 and plain["second"] == [plain["first"][0], 0]
+    cfg = write_config(tmp_path, host="64MiB", disk=None, layout=TP2_LAYOUT)
+    with DaemonProc(cfg) as d:
+        out = _result(_child(tiny_llama, d.target, tp=2))
+        assert out["first"] == [plain["first"][0], 0]
+        assert out["second"] == [plain["first"][0], LOADABLE]
+        blocks = LOADABLE // ve.BLOCK_SIZE
+        with DaemonStore(d.target) as c:
+            st = c.stats(check_integrity=True)
+            host = st.tier("host")
+            assert host.hits == 2 * blocks and host.misses == 0  # both shards of every block
+            assert st.integrity_error == ""
+            assert (st.active_leases, st.open_load_handles, st.open_store_handles) == (0, 0, 0)
+            for rank in (0, 1):  # each shard's pages under its own namespace
+                ns = Namespace(shard_model_id(tiny_llama, rank, 2), c.layout)
+                keys = ns.chain(PROMPTS[0]).keys
+                assert c.lookup(keys, namespace_id=ns.id).num_blocks == len(keys)
+            whole = Namespace(tiny_llama, c.layout).chain(PROMPTS[0]).keys
+            assert c.lookup(whole, namespace_id=Namespace(tiny_llama, c.layout).id).num_blocks == 0
