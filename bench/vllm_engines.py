@@ -4,6 +4,8 @@ with kvstore's connector (or vLLM's ExampleConnector, or none), greedy generatio
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +85,24 @@ def reset_prefix_cache(llm: Any) -> None:
     """Drop vLLM's own prefix cache, so that a prefix can come only from the connector."""
     if not llm.reset_prefix_cache():
         raise RuntimeError("vLLM kept its prefix cache: blocks are still held")
+
+
+def ttft_s(llm: Any, prompts: Callable[[int], list[int]], runs: int, *,
+           want_cached: int | None, before: Callable[[], None] = lambda: None,
+           reset: bool = True) -> float:
+    """Best TTFT of ``runs`` runs (after a warm-up run), vLLM's prefix cache reset before each
+    (unless not ``reset``); ``want_cached``: what ``num_cached_tokens`` must be (None: not
+    checked)."""
+    times = []
+    for i in range(runs + 1):
+        before()
+        if reset:
+            reset_prefix_cache(llm)
+        t0 = time.perf_counter()
+        (_, cached), = generate(llm, [prompts(i)], max_tokens=1)
+        dt = time.perf_counter() - t0
+        if want_cached is not None and i > 0 and cached != want_cached:
+            raise RuntimeError(f"run {i}: vLLM reports {cached} cached tokens, expected {want_cached}")
+        if i:
+            times.append(dt)
+    return min(times)

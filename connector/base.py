@@ -224,7 +224,9 @@ class LoadSpec:
     """Load ``keys[i]`` into engine block ``block_ids[i]``. ``lease`` pins the pages since the
     lookup; the worker side releases it when the load ends. ``skip_first_layer``: layer 0 is
     not copied -- the engine writes its K/V itself, from the token ids (see
-    :attr:`KVConnectorWorker.skips_first_layer`)."""
+    :attr:`KVConnectorWorker.skips_first_layer`). ``in_host``: how many leading pages the
+    lookup found in the host tier, which the lease keeps there -- the worker need not ask the
+    tier again before it loads them (0: not known, it asks)."""
 
     request_id: str
     namespace_id: bytes
@@ -233,6 +235,7 @@ class LoadSpec:
     lease: Lease | None
     load_async: bool
     skip_first_layer: bool = False
+    in_host: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,6 +148,7 @@ class _Match:
     keys: tuple[bytes, ...]
     lease: Lease | None
     load_async: bool
+    in_host: int = 0  # leading pages found in the host tier, kept there by the lease
     spec: LoadSpec | None = None  # set by update_state_after_alloc
 
 
@@ -248,6 +249,7 @@ class InProcessScheduler(KVConnectorScheduler):
         tiers, rank = found.tiers, self._rank
         if tiers and rank[tiers[0]] == self._host and tiers.count(tiers[0]) == len(tiers):
             n, load_async = len(tiers), False  # the usual hit, all in host: nothing to weigh
+            in_host = n
         else:
             n = _first_block(tiers, lambda t: rank[t] < self._host)
             n = self._worth_loading(tiers[:n])
@@ -257,6 +259,7 @@ class InProcessScheduler(KVConnectorScheduler):
                 return LoadMatch(0, False)
             load_async = self.async_below_host and any(rank[t] > self._host
                                                        for t in set(tiers[:n]))
+            in_host = _first_block(tiers[:n], lambda t: rank[t] != self._host)
         lease = found.lease
         if lease is not None and n < found.num_blocks:
             try:  # the rest (held in hbm, or declined) must stay evictable
@@ -264,7 +267,7 @@ class InProcessScheduler(KVConnectorScheduler):
             except LeaseError:
                 lease = None  # expired already: the load judges its pages as they are
         self._matches[request_id] = _Match(keys if n == len(keys) else CheckedKeys(keys[:n]),
-                                           lease, load_async)
+                                           lease, load_async, in_host if lease else 0)
         return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
 
     def _given_keys(self, token_ids: Sequence[int], block_keys: Sequence[bytes],
@@ -412,7 +415,7 @@ class InProcessScheduler(KVConnectorScheduler):
             request_id, self.namespace.id, ids,
             match.keys if n == len(match.keys) else CheckedKeys(match.keys[:n]),
             match.lease, match.load_async if load_async is None else bool(load_async),
-            self.skip_first_layer,
+            self.skip_first_layer, min(match.in_host, n),
         )
 
     def request_save(
@@ -768,8 +771,11 @@ class InProcessWorker(KVConnectorWorker):
             reason = "lease_expired"
         else:
             deadline = time.monotonic() + self.prefetch_timeout_s
-            # without waiting, prepare_load pins the leading run host holds, a miss ends it
-            first_missing = self.store.tier(self._host_name).count_leading(keys) if may_wait else n
+            # without waiting, prepare_load pins the leading run host holds, a miss ends it;
+            # pages the lookup found in host are there still (the lease): not asked again (over
+            # the daemon a round trip, on the engine thread of a CPU engine)
+            first_missing = (self.store.tier(self._host_name).count_leading(keys)
+                             if may_wait and spec.in_host < n else n)
             usable = n
             if first_missing < n:
                 fut = self.store.prefetch(spec.namespace_id, keys[first_missing:], to=self._host_name)

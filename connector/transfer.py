@@ -142,27 +142,51 @@ class CpuTransfer(LayerTransfer):
     load thread, ~10 ms inline). Saves stay on the save thread there: nothing waits for them
     until ``wait_for_save``, by which time they ran beside the later layers' compute (a 4K-
     token prefill into never-touched slots: ~45 ms of first-touch page faults inline, none
-    seen by the engine thread from the save thread)."""
+    seen by the engine thread from the save thread).
+
+    Inline, a load whose blocks and slots fall in few runs (a hit saved in one go usually is
+    one run) copies each run as one torch copy (``torch_layers``, ``torch_slab``: the same
+    memory as torch tensors), which runs on the engine's own intra-op threads -- idle then, the
+    engine waits for the copy -- instead of one memcpy per page on one thread (vLLM, a 4K-token
+    hit of 127 pages of 128 KiB on 2 cores: ~2.8 ms page by page, ~0.8 ms by runs)."""
 
     def __init__(self, layers: list[np.ndarray], slab: np.ndarray, num_layers: int,
                  page_bytes: int, copy_fn: CopyFn, saver: ThreadPoolExecutor,
-                 inline: bool = False, save_slab: np.ndarray | None = None) -> None:
+                 inline: bool = False, save_slab: np.ndarray | None = None,
+                 torch_layers: list[torch.Tensor] | None = None,
+                 torch_slab: torch.Tensor | None = None) -> None:
         self._layers, self._slab = layers, slab  # (num_blocks, S) per layer; (P, L, S)
         self._save_slab = slab if save_slab is None else save_slab  # (P', L, S)
         self._L, self._page_bytes = num_layers, page_bytes
         self._copy, self._saver = copy_fn, saver
         self._copies: list[Future[None]] = []
         self.queue_on_caller = inline
+        # run-wise torch copies: inline only (on a load thread they would contend with the
+        # engine's intra-op threads for its cores)
+        self._runs_by_torch = inline and torch_layers is not None and torch_slab is not None
+        self._tlayers, self._tslab = torch_layers, torch_slab  # (num_blocks, S) each; (P, L, S)
 
     def gate(self) -> None:
         return None
 
     def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> Any:
-        return list(zip(block_ids, slots))
+        pairs = list(zip(block_ids, slots))
+        if self._runs_by_torch and len(pairs) >= _TORCH_RUNS_MIN_PAIRS:
+            runs = index_runs(np.asarray(block_ids, np.int64), np.asarray(slots, np.int64),
+                              limit=len(pairs) // _TORCH_PAIRS_PER_RUN)
+            if runs is not None:
+                return _RunsCtx(runs)
+        return pairs
 
     def load_layer(self, ctx: Any, layer: int) -> None:
-        dst = self._layers[layer]
-        self._copy([(dst[b], self._slab[s, layer]) for b, s in ctx])
+        if isinstance(ctx, _RunsCtx):
+            assert self._tlayers is not None and self._tslab is not None
+            dst, src = self._tlayers[layer], self._tslab
+            for b, s, n in ctx.runs:
+                dst[b: b + n].copy_(src[s: s + n, layer])
+            return
+        dst_np = self._layers[layer]
+        self._copy([(dst_np[b], self._slab[s, layer]) for b, s in ctx])
 
     def finish_load(self, ctx: Any) -> None:
         pass
@@ -191,6 +215,20 @@ class CpuTransfer(LayerTransfer):
         copies, self._copies = self._copies, []
         for f in copies:
             f.result()
+
+
+#: an inline CPU load copies by runs (one torch copy each) from this many pairs, when it has
+#: at most one run per this many pairs; else page by page (a torch call costs several memcpy
+#: calls' overhead)
+_TORCH_RUNS_MIN_PAIRS = 4
+_TORCH_PAIRS_PER_RUN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _RunsCtx:
+    """An inline CPU load's context when it copies by runs: ``(block, slot, count)`` each."""
+
+    runs: list[tuple[int, int, int]]
 
 
 @dataclass(eq=False)
@@ -445,7 +483,8 @@ def make_transfer(tensors_by_layer: list[torch.Tensor], host_slab: torch.Tensor,
     slab = host_slab.numpy().reshape(host_slab.shape[0], num_layers, -1)
     save = None if save_slab is None else save_slab.numpy().reshape(save_slab.shape[0], num_layers, -1)
     return CpuTransfer(layers, slab, num_layers, page_bytes, copy_fn, saver, inline=cpu_inline,
-                       save_slab=save)
+                       save_slab=save, torch_layers=list(tensors_by_layer),
+                       torch_slab=host_slab.view(host_slab.shape[0], num_layers, -1))
 
 
 __all__ = ["CpuTransfer", "CudaTransfer", "LayerTransfer", "SaveBuffer", "make_transfer"]

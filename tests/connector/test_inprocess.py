@@ -187,28 +187,34 @@ def test_layer_zero_ready_before_last_layer(host_store: TieredStore, ns: Namespa
     loader.close()
 
 
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("dst", [[4, 5, 6, 7], [7, 5, 4, 6]])
 def test_cpu_inline_copies_run_on_the_engine_thread(host_store: TieredStore, ns: Namespace,
-                                                    clock: FakeClock) -> None:
+                                                    clock: FakeClock, dst: list[int],
+                                                    per_layer: bool) -> None:
     """With ``cpu_inline`` a host load runs whole in start_load_kv, on the caller's thread --
-    pinned, copied, completed -- (saves keep the save thread); the bytes round-trip exactly."""
+    pinned, copied, completed -- (saves keep the save thread); the bytes round-trip exactly.
+    Blocks and slots in one run copy as one torch copy per layer (the copy function is not
+    called); scattered ones page by page through the copy function."""
     threads: list[int] = []
 
     def recording_copy(spans: Spans) -> None:
         threads.append(threading.get_ident())
         copy_spans(spans)
 
-    rig = Rig(host_store, ns, clock, copy_fn=recording_copy, cpu_inline=True)
+    rig = Rig(host_store, ns, clock, copy_fn=recording_copy, cpu_inline=True, per_layer=per_layer)
     tokens = tokens_for(N, rig.layout.block_size)
     rig.fill([0, 1, 2, 3], seed=3)
     rig.save("w", tokens, [0, 1, 2, 3])
     assert len(threads) == rig.layout.num_layers and threading.get_ident() not in threads
     rig.wait_sent("w")
     threads.clear()
-    dst = [4, 5, 6, 7]
     rig.plan_load("r", tokens, dst)
     rig.worker.bind_connector_metadata(rig.sched.build_connector_meta())
     rig.worker.start_load_kv()
-    assert threads == [threading.get_ident()] * rig.layout.num_layers  # before any wait
+    one_run = dst == sorted(dst)
+    # before any wait
+    assert threads == ([] if one_run else [threading.get_ident()] * rig.layout.num_layers)
     assert rig.worker.stats().blocks_loaded == N  # completed (unpinned) there too
     assert host_store.stats().active_leases == 0
     for s, d in zip([0, 1, 2, 3], dst):
@@ -219,6 +225,33 @@ def test_cpu_inline_copies_run_on_the_engine_thread(host_store: TieredStore, ns:
     rig.worker.wait_for_loads()
     assert rig.worker.get_block_ids_with_load_errors() == set()
     assert rig.worker.stats().blocks_loaded == N
+    rig.close()
+
+
+def test_a_load_of_pages_the_lookup_found_in_host_does_not_ask_host_again(
+        host_store: TieredStore, ns: Namespace, clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease keeps pages the lookup found in host there: the load pins them without a
+    count of the leading run first (over the daemon that is a round trip on the engine
+    thread); the bytes round-trip exactly."""
+    rig = Rig(host_store, ns, clock, cpu_inline=True)
+    tokens = tokens_for(N, rig.layout.block_size)
+    rig.fill([0, 1, 2, 3], seed=5)
+    rig.save("w", tokens, [0, 1, 2, 3])
+    rig.wait_sent("w")
+    asked: list[int] = []
+    host = host_store.tier("host")
+    count = host.count_leading
+    monkeypatch.setattr(host, "count_leading", lambda keys: asked.append(len(keys)) or count(keys))
+    rig.plan_load("r", tokens, [4, 5, 6, 7])
+    meta = rig.sched.build_connector_meta()
+    assert [spec.in_host for spec in meta.loads] == [N]
+    rig.worker.bind_connector_metadata(meta)
+    rig.worker.start_load_kv()
+    assert asked == [] and rig.worker.stats().blocks_loaded == N
+    for s_, d in zip([0, 1, 2, 3], [4, 5, 6, 7]):
+        assert torch.equal(rig.block(d), rig.block(s_))
+    rig.worker.clear_connector_metadata()
     rig.close()
 
 
@@ -482,28 +515,40 @@ def test_a_step_that_ends_before_its_save_hooks_reserves_nothing(
 
 
 def test_prefetch_timeout_and_page_deleted_during_copy_fail(
-    host_store: TieredStore, ns: Namespace, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    host_store: TieredStore, layout: KVLayout, ns: Namespace, clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str],
 ) -> None:
     from concurrent.futures import Future
 
-    rig = Rig(host_store, ns, clock)
-    tokens = tokens_for(N, rig.layout.block_size)
-    keys = ns.chain(tokens).keys
-    rig.fill([0, 1, 2, 3])
-    rig.save("w", tokens, [0, 1, 2, 3])
-    rig.wait_sent("w")
+    from kvstore.tiers.disk import DiskTier
 
-    # timeout: block 2 must come from below, and the prefetch never completes
-    loader = Rig(host_store, ns, clock)
+    # timeout: blocks 2, 3 must come from disk, and the prefetch never completes
+    disk = DiskTier("disk", layout, 32, path=tmp_path / "disk", o_direct=False, durability="none",
+                    check_index=False)
+    tiered = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), disk],
+                         write_policy="write_through", clock=clock)
+    saver = Rig(tiered, ns, clock)
+    tokens = tokens_for(N, layout.block_size)
+    keys = ns.chain(tokens).keys
+    saver.fill([0, 1, 2, 3])
+    saver.save("w", tokens, [0, 1, 2, 3])
+    saver.wait_sent("w")
+    tiered.tier("host").delete(keys[2:])
+    loader = Rig(tiered, ns, clock)
     loader.worker.load_timeout_s = 0.05
     loader.plan_load("r", tokens, [4, 5, 6, 7])
-    host_store.tier("host").delete([keys[2]])
-    monkeypatch.setattr(host_store, "prefetch", lambda *a, **k: Future())
+    monkeypatch.setattr(tiered, "prefetch", lambda *a, **k: Future())
     loader.run_load_step()
+    loader.worker.wait_for_loads()  # from below host: asynchronous
     assert loader.worker.get_block_ids_with_load_errors() == {6, 7}
     assert loader.worker.stats().load_failures == {"timeout": 2}
     monkeypatch.undo()
     loader.worker.close()
+    loader.sched.close()
+    saver.close()  # and the store
+
+    rig = Rig(host_store, ns, clock)
+    rig.fill([0, 1, 2, 3])
 
     # block 0's page is deleted while its layers are being copied: the load pinned its slot,
     # so the copy still reads that page's bytes, and the slot is freed once the load completes
