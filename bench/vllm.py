@@ -29,6 +29,11 @@ Cases (a prompt of ``N`` tokens: a shared prefix plus a short suffix that stays 
                         daemon no reuse and a host hit. Run first, from a fresh process
                         (:mod:`bench.vllm_split`). Targets: host hit <= 1.3x the prefix-cache
                         hit, >= 20x faster than recompute; no reuse <= 3 % over recompute.
+                        On the 2-core machine vLLM without a connector recomputes about 2x
+                        slower in this layout than in one process (its model forward: ~630 ms
+                        against ~350-420 ms with our connector, timed around vLLM's model
+                        runner): the no-reuse row there compares against that, as the target
+                        asks; the one-process no-reuse row is the tighter check.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from bench.common import (  # noqa: E402
 from bench.vllm_engines import (  # noqa: E402
     BLOCK_SIZE,
     close_llm,
+    daemon_ttfts,
     ttft_s,
     engine_id,
     example_transfer_config,
@@ -133,25 +139,10 @@ def run(quick: bool) -> list[Measurement]:
         close_llm(llm)
 
     stage("kvstore over the daemon: no reuse, host hit")
-    from kvstore import KVLayout
-    from server.daemon.process import DaemonProcess, layout_env
-
-    layout = KVLayout(num_layers, 2, hidden // 4, BLOCK_SIZE, "float32", "vllm-cpu")
-    daemon = DaemonProcess(tmp / "daemon", {
-        **layout_env(layout), "KVSTORE_MODEL_ID": "bench",
-        "KVSTORE_TIERS": '[{"kind": "host", "capacity": "1GiB"}]'}).start()
-    try:
-        llm = make_llm(model, kvstore_transfer_config({"daemon": daemon.target}),
-                       max_model_len=max_len)
-        try:
-            k = 2 * (runs + 1)
-            ttft["daemon no reuse"] = ttft_s(llm, lambda i: fresh[k + i], runs, want_cached=0)
-            generate(llm, [same], max_tokens=1)
-            ttft["daemon host hit"] = ttft_s(llm, lambda i: same, runs, want_cached=hit)
-        finally:
-            close_llm(llm)
-    finally:
-        daemon.stop()
+    k = 2 * (runs + 1)
+    ttft["daemon no reuse"], ttft["daemon host hit"] = daemon_ttfts(
+        model, tmp / "daemon", max_len=max_len, runs=runs, fresh=lambda i: fresh[k + i],
+        same=same, hit=hit)
 
     stage("ExampleConnector hit")
     llm = make_llm(model, example_transfer_config(str(tmp / "example")), max_model_len=max_len)

@@ -106,3 +106,34 @@ def ttft_s(llm: Any, prompts: Callable[[int], list[int]], runs: int, *,
         if i:
             times.append(dt)
     return min(times)
+
+
+def daemon_ttfts(model: str, directory: Path, *, max_len: int, runs: int,
+                 fresh: Callable[[int], list[int]], same: list[int], hit: int) -> tuple[float, float]:
+    """TTFT in seconds of no reuse (``fresh(i)``: a new prompt each run) and of a host hit
+    (``same`` again; ``hit``: the tokens it must load) with kvstore's connector over a fresh
+    ``kvstore serve`` in ``directory``: the README's sample daemon config (one host tier) with
+    ``model``'s page layout."""
+    import json
+
+    from kvstore import KVLayout
+    from server.daemon.process import DaemonProcess, layout_env
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    layout = KVLayout(cfg["num_hidden_layers"], cfg["num_key_value_heads"],
+                      cfg["hidden_size"] // cfg["num_attention_heads"], BLOCK_SIZE, "float32",
+                      "vllm-cpu")
+    daemon = DaemonProcess(directory, {
+        **layout_env(layout), "KVSTORE_MODEL_ID": "bench",
+        "KVSTORE_TIERS": '[{"kind": "host", "capacity": "1GiB"}]'}).start()
+    try:
+        llm = make_llm(model, kvstore_transfer_config({"daemon": daemon.target}),
+                       max_model_len=max_len)
+        try:
+            no_reuse = ttft_s(llm, fresh, runs, want_cached=0)
+            generate(llm, [same], max_tokens=1)
+            return no_reuse, ttft_s(llm, lambda i: same, runs, want_cached=hit)
+        finally:
+            close_llm(llm)
+    finally:
+        daemon.stop()

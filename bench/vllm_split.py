@@ -39,16 +39,7 @@ def run_split(model: str, tmp: Path, n_tokens: int, runs: int, fresh: list[list[
 
 def _measure(model: str, tmp: Path, n_tokens: int, runs: int, fresh: list[list[int]],
              same: list[int]) -> dict[str, float]:
-    from bench.vllm_engines import (
-        BLOCK_SIZE,
-        close_llm,
-        generate,
-        kvstore_transfer_config,
-        make_llm,
-        ttft_s,
-    )
-    from kvstore import KVLayout
-    from server.daemon.process import DaemonProcess, layout_env
+    from bench.vllm_engines import BLOCK_SIZE, close_llm, daemon_ttfts, make_llm, ttft_s
 
     hit = (n_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
     max_len = n_tokens + 64
@@ -61,25 +52,9 @@ def _measure(model: str, tmp: Path, n_tokens: int, runs: int, fresh: list[list[i
                                             reset=False)
     finally:
         close_llm(llm)
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    heads = cfg["num_key_value_heads"]
-    layout = KVLayout(cfg["num_hidden_layers"], heads, cfg["hidden_size"]
-                      // cfg["num_attention_heads"], BLOCK_SIZE, "float32", "vllm-cpu")
-    daemon = DaemonProcess(Path(tempfile.mkdtemp(dir=tmp, prefix="daemon-split-")), {
-        **layout_env(layout), "KVSTORE_MODEL_ID": "bench",
-        "KVSTORE_TIERS": '[{"kind": "host", "capacity": "1GiB"}]'}).start()
-    try:
-        llm = make_llm(model, kvstore_transfer_config({"daemon": daemon.target}),
-                       max_model_len=max_len)
-        try:
-            ttft["split daemon no reuse"] = ttft_s(llm, lambda i: fresh[k + i], runs,
-                                                   want_cached=0)
-            generate(llm, [same], max_tokens=1)
-            ttft["split daemon host hit"] = ttft_s(llm, lambda i: same, runs, want_cached=hit)
-        finally:
-            close_llm(llm)
-    finally:
-        daemon.stop()
+    ttft["split daemon no reuse"], ttft["split daemon host hit"] = daemon_ttfts(
+        model, Path(tempfile.mkdtemp(dir=tmp, prefix="daemon-split-")), max_len=max_len,
+        runs=runs, fresh=lambda i: fresh[k + i], same=same, hit=hit)
     return ttft
 
 

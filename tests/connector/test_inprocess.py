@@ -280,23 +280,35 @@ def test_page_deleted_from_host_between_lookup_and_load(host_store: TieredStore,
     loader.close()
 
 
+def disk_store(layout: KVLayout, clock: FakeClock, path: os.PathLike[str]) -> TieredStore:
+    """Host over disk, write-through: every saved page is on disk too."""
+    from kvstore.tiers.disk import DiskTier
+
+    disk = DiskTier("disk", layout, 32, path=path, o_direct=False, durability="none",
+                    check_index=False)
+    return TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), disk],
+                       write_policy="write_through", clock=clock)
+
+
+def saved_on_disk(store: TieredStore, ns: Namespace, clock: FakeClock) -> tuple[Rig, list[int]]:
+    """A rig over ``store`` that saved blocks 0-3 (their tokens returned)."""
+    rig = Rig(store, ns, clock)
+    tokens = tokens_for(N, store.layout.block_size)
+    rig.fill([0, 1, 2, 3])
+    rig.save("w", tokens, [0, 1, 2, 3])
+    rig.wait_sent("w")
+    return rig, tokens
+
+
 @pytest.mark.parametrize("corrupt", [False, True])
 def test_lower_tier_pages_load_async_and_corrupt_page_fails(
     layout: KVLayout, ns: Namespace, clock: FakeClock, tmp_path: os.PathLike[str], corrupt: bool
 ) -> None:
-    from kvstore.tiers.disk import DiskTier
-
-    disk = DiskTier("disk", layout, 32, path=tmp_path / "disk", o_direct=False, durability="none",
-                    check_index=False)
-    store = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), disk],
-                        write_policy="write_through", clock=clock)
-    rig = Rig(store, ns, clock)
-    tokens = tokens_for(N, layout.block_size)
+    store = disk_store(layout, clock, tmp_path / "disk")
+    disk = store.tier("disk")
+    rig, tokens = saved_on_disk(store, ns, clock)
     keys = ns.chain(tokens).keys
     src = [0, 1, 2, 3]
-    rig.fill(src)
-    rig.save("w", tokens, src)
-    rig.wait_sent("w")
     assert disk.count_leading(keys) == N
     store.tier("host").delete(keys[2:])  # blocks 2, 3 now only on disk
 
@@ -520,19 +532,10 @@ def test_prefetch_timeout_and_page_deleted_during_copy_fail(
 ) -> None:
     from concurrent.futures import Future
 
-    from kvstore.tiers.disk import DiskTier
-
     # timeout: blocks 2, 3 must come from disk, and the prefetch never completes
-    disk = DiskTier("disk", layout, 32, path=tmp_path / "disk", o_direct=False, durability="none",
-                    check_index=False)
-    tiered = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), disk],
-                         write_policy="write_through", clock=clock)
-    saver = Rig(tiered, ns, clock)
-    tokens = tokens_for(N, layout.block_size)
+    tiered = disk_store(layout, clock, tmp_path / "disk")
+    saver, tokens = saved_on_disk(tiered, ns, clock)
     keys = ns.chain(tokens).keys
-    saver.fill([0, 1, 2, 3])
-    saver.save("w", tokens, [0, 1, 2, 3])
-    saver.wait_sent("w")
     tiered.tier("host").delete(keys[2:])
     loader = Rig(tiered, ns, clock)
     loader.worker.load_timeout_s = 0.05
