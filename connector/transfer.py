@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from kvstore.errors import InvalidArgument
-from kvstore.ops import Spans, copy_rows, dma_2d, save_copy_blocks
+from kvstore.ops import Spans, copy_rows, dma_2d, index_runs, save_copy_blocks
 
 CopyFn = Callable[[Spans], None]
 
@@ -435,22 +435,6 @@ _DMA_LOAD_RUNS = 16
 # its runs are many and short: then one kernel beats hundreds of small DMAs
 _DMA_RUNS = 64
 _DMA_RUN_BYTES = 1 << 20
-
-
-def index_runs(first: np.ndarray, second: np.ndarray, limit: int | None = None
-               ) -> list[tuple[int, int, int]] | None:
-    """(first, second, length) of each maximal run of pairs of two equal-length int64 arrays
-    (block ids and slots) where both advance by one, in order, computed in numpy; None when
-    there are more than ``limit`` runs."""
-    n = len(first)
-    if n == 0:
-        return []
-    breaks = np.flatnonzero((np.diff(first) != 1) | (np.diff(second) != 1)) + 1
-    if limit is not None and len(breaks) >= limit:
-        return None
-    starts = np.concatenate(([0], breaks))
-    counts = np.diff(np.append(starts, n))
-    return list(zip(first[starts].tolist(), second[starts].tolist(), counts.tolist()))
 
 
 def _whole_pages(layers: list[torch.Tensor], page_bytes: int) -> torch.Tensor | None:

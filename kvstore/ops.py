@@ -383,3 +383,19 @@ def _blocks_for(device: torch.device) -> int:
 def copy_rows_native_active() -> bool:
     """Whether the CUDA gather/scatter kernel built and loaded (only attempted with CUDA)."""
     return _resolve_cuda() is not None
+
+
+def index_runs(first: np.ndarray, second: np.ndarray, limit: int | None = None
+               ) -> list[tuple[int, int, int]] | None:
+    """(first, second, length) of each maximal run of pairs of two equal-length int64 arrays
+    (block ids and slots) where both advance by one, in order, computed in numpy; None when
+    there are more than ``limit`` runs."""
+    n = len(first)
+    if n == 0:
+        return []
+    breaks = np.flatnonzero((np.diff(first) != 1) | (np.diff(second) != 1)) + 1
+    if limit is not None and len(breaks) >= limit:
+        return None
+    starts = np.concatenate(([0], breaks))
+    counts = np.diff(np.append(starts, n))
+    return list(zip(first[starts].tolist(), second[starts].tolist(), counts.tolist()))

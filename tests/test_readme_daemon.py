@@ -160,10 +160,15 @@ class Session:
             self.daemon = None
 
 
-def run_sections(readme: str, cwd: Path) -> Session:
+def run_sections(readme: str, cwd: Path, *, blocks: list[tuple[str, str]] | None = None,
+                 env_drop: tuple[str, ...] = ()) -> Session:
+    """Run ``blocks`` ((language, code), default: the daemon sections' of ``readme``) in order
+    in one session in ``cwd``, without the variables ``env_drop``."""
     session = Session(cwd)
+    for name in env_drop:
+        session.env.pop(name, None)
     try:
-        for lang, code in section_blocks(readme):
+        for lang, code in (section_blocks(readme) if blocks is None else blocks):
             if lang == "python":
                 proc = session.python(code)
                 assert proc.returncode == 0, f"README python block failed:\n{code}\n{proc.stderr}"

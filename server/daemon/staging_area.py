@@ -27,6 +27,7 @@ import numpy as np
 
 from connector.daemon.shm import SharedSlab
 from kvstore.errors import LeaseError
+from kvstore.ops import index_runs
 
 #: below this many bytes a copy runs on the calling thread alone
 _SPLIT_BYTES = 4 << 20
@@ -70,7 +71,7 @@ class StagingArea:
                 raise LeaseError("the session's staging area is closed")
             self._busy += 1
         try:
-            runs = _runs(rows, slots)
+            runs = index_runs(np.asarray(rows, np.int64), np.asarray(slots, np.int64)) or []
             nbytes = len(rows) * self.page_bytes
             if self._pool is None or nbytes < _SPLIT_BYTES:
                 for r, s, n in runs:
@@ -92,17 +93,6 @@ class StagingArea:
             self._closed = True
             self._cond.wait_for(lambda: self._busy == 0)
         self.segment.close()
-
-
-def _runs(rows: Sequence[int], slots: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(row, slot, n): maximal runs where both sides are consecutive."""
-    out: list[tuple[int, int, int]] = []
-    for r, s in zip(rows, slots):
-        if out and out[-1][0] + out[-1][2] == r and out[-1][1] + out[-1][2] == s:
-            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
-        else:
-            out.append((r, s, 1))
-    return out
 
 
 def _split(runs: list[tuple[int, int, int]], most: int) -> list[tuple[int, int, int]]:

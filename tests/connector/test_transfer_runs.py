@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connector.base import KVCacheSpec
-from connector.transfer import _whole_pages, index_runs
+from connector.transfer import _whole_pages
+from kvstore.ops import index_runs
 from kvstore import KVLayout
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="bfloat16")

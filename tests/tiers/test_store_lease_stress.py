@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import xxhash
 
 from kvstore import KVLayout, Metrics, Namespace, TieredStore
 from kvstore.keys import BlockMeta
 from kvstore.tiers.base import MissTally
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.host import HostTier
+from tests.store_ops import page_of, put_or_get
 
 LAYOUT = KVLayout(1, 1, 8, 4, "float16")  # 128-byte pages
 NS = Namespace("lease-stress", LAYOUT)
@@ -49,11 +49,6 @@ CHAINS = [NS.chain([3, 3, 3, 3] + [c * 1000 + i for i in range(4 * 7)]) for c in
 PAUSE_S = 0.002
 PAUSE_P = 0.05
 DELETE_P = 0.5
-
-
-def page_of(key: bytes) -> np.ndarray:
-    raw = b"".join(xxhash.xxh3_128_digest(key + bytes([i])) for i in range(8))
-    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def pause(p: float = PAUSE_P) -> None:
@@ -102,14 +97,9 @@ def worker(store: TieredStore, seed: int, deadline: float, tally: Counter[str]) 
         n = rng.randint(1, len(chain.keys))
         keys = list(chain.keys[:n])
         op = rng.random()
-        if op < 0.3:
-            store.put(chain.metas(0, n), np.stack([page_of(k) for k in keys]))
-        elif op < 0.5:
-            out = np.zeros((n, LAYOUT.page_bytes), np.uint8)
-            res = store.get(NS.id, keys, out)
-            tally["wrong"] += sum(f and not np.array_equal(b, page_of(k))
-                                  for k, f, b in zip(keys, res.found, out))
-        elif op < 0.8:
+        if put_or_get(store, NS, chain, n, op, tally):
+            continue
+        if op < 0.8:
             hit = store.lookup(keys, lease=True)
             if hit.lease is None:
                 continue

@@ -50,24 +50,15 @@ def test_daemon_toml_has_the_tested_vllm_layout(tmp_path: Path) -> None:
 
 def test_the_sections_blocks_run_in_order_in_the_default_layout(tmp_path: Path) -> None:
     from tests.test_readme import file_name
-    from tests.test_readme_daemon import SHELL, Session
+    from tests.test_readme_daemon import SHELL, run_sections
 
     for text in _blocks("toml"):  # the TOML the section says to save
         (tmp_path / str(file_name(text))).write_text(text)
     code = [(m[1], m[2]) for m in FENCE.finditer(SECTION) if m[1] in (*SHELL, "python")]
     assert [lang for lang, _ in code] == ["python", "bash", "python", "bash"]
-    session = Session(tmp_path)
-    session.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default layout
-    try:
-        for lang, text in code:
-            if lang == "python":
-                proc = session.python(text)
-                assert proc.returncode == 0, f"README python block failed:\n{proc.stderr[-4000:]}"
-                session.transcript.append(proc.stdout)
-            else:
-                session.shell(text)
-    finally:
-        session.close()
+    # vLLM's default layout
+    session = run_sections(README, tmp_path, blocks=code,
+                           env_drop=("VLLM_ENABLE_V1_MULTIPROCESSING",))
     out = "".join(session.transcript)
     assert "3968 prompt tokens loaded from the daemon; same tokens: True" in out, out
     assert "It prints `3968 prompt tokens loaded from the daemon; same tokens: True`" in README
