@@ -47,6 +47,7 @@ from pydantic_settings import (
 
 from kvstore.errors import ConfigError
 from kvstore.layout import DTYPE_SIZES, KVLayout
+from kvstore.record import usable_cores
 from kvstore.sizes import Size, format_size
 from kvstore.tiers import tier_config_models
 from kvstore.tiers.config_base import Strict, TierConfigBase
@@ -63,13 +64,18 @@ assert set(DType.__args__) == set(DTYPE_SIZES)  # type: ignore[attr-defined]
 
 
 class LayoutConfig(Strict):
-    """The model's KV shape. Defaults are Llama-3-8B's (32 layers, 8 KV heads of 128, bf16)."""
+    """The model's KV shape. Defaults are Llama-3-8B's (32 layers, 8 KV heads of 128, bf16).
+    A page is one block of every layer's K and V: ``2 * num_layers * num_kv_heads * head_dim *
+    block_size`` elements of ``dtype`` (2 MiB with the defaults). The layout is part of every
+    key: stores of two layouts never share pages."""
 
-    num_layers: PositiveInt = 32
-    num_kv_heads: PositiveInt = 8
-    head_dim: PositiveInt = 128
-    block_size: int = Field(16, ge=1, le=65535)
-    dtype: DType = "bfloat16"
+    num_layers: PositiveInt = Field(32, description="transformer layers, each a slice of a page")
+    num_kv_heads: PositiveInt = Field(
+        8, description="KV heads per layer (with tensor parallelism: one rank's)")
+    head_dim: PositiveInt = Field(128, description="elements per head")
+    block_size: int = Field(16, ge=1, le=65535, description=(
+        "tokens per block, i.e. per page and per key; a trailing partial block gets no key"))
+    dtype: DType = Field("bfloat16", description="element type of the cached K and V")
     block_format: str = Field(
         "", pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$",
         description="an engine's block layout the pages hold (e.g. 'vllm-cpu'); '' is kvstore's")
@@ -92,11 +98,22 @@ def _default_tier() -> TierConfig:
 
 
 class StoreConfig(Strict):
-    write_policy: Literal["write_through", "write_back", "selective"] = "write_back"
-    selective_hits: PositiveInt = 2
-    promote_on_hit: bool = True
-    lease_ttl_s: PositiveFloat = 30.0
-    prefetch_workers: int = Field(2, ge=1, le=64)
+    """How pages move between the tiers (``kvstore.store.TieredStore``). A page already present
+    in the destination tier is never written again."""
+
+    write_policy: Literal["write_through", "write_back", "selective"] = Field(
+        "write_back", description=(
+            "when a page is copied to the next tier down: write_through (as soon as it is written, "
+            "into every tier below), write_back (when it is evicted), selective (in the "
+            "background, once it has been hit selective_hits times in a tier)"))
+    selective_hits: PositiveInt = Field(
+        2, description="hits in a tier after which selective copies a page down")
+    promote_on_hit: bool = Field(True, description=(
+        "copy a page read from a lower tier into the fastest tier, in the background"))
+    lease_ttl_s: PositiveFloat = Field(30.0, description=(
+        "longest a lookup's lease pins its pages against eviction (a load must follow within it)"))
+    prefetch_workers: int = Field(2, ge=1, le=64, description=(
+        "threads that run prefetch() and lookup_async()"))
 
 
 class ConnectorConfig(Strict):
@@ -104,9 +121,16 @@ class ConnectorConfig(Strict):
 
     host_tier: str | None = Field(
         None, description="the host tier loads stage through; default: the first host tier")
-    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
-    prefetch_timeout_s: PositiveFloat = 5.0
-    layerwise: bool = True
+    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = Field(
+        "timeout", description=(
+            "matched pages still below the host tier when a load starts: best_effort (load what "
+            "host holds, recompute the rest while the prefetch warms host), wait_complete (wait "
+            "for every one), timeout (wait up to prefetch_timeout_s, recompute what has not "
+            "arrived)"))
+    prefetch_timeout_s: PositiveFloat = Field(
+        5.0, description="how long the timeout policy waits for pages below the host tier")
+    layerwise: bool = Field(True, description=(
+        "load layer l+1 while layer l computes; false loads everything before layer 0"))
 
 
 #: The shortest deployment secret accepted, in bytes (kvstore.record.MIN_SECRET_BYTES).
@@ -175,16 +199,21 @@ class DaemonConfig(Strict):
     tcp: str | None = Field(None, pattern=r"^\[?[0-9A-Za-z.:-]+\]?:[0-9]{1,5}$",
                             description="host:port to listen on as well, e.g. 127.0.0.1:50051")
     token: SecretStr | None = Field(None, description="bearer token TCP clients must send")
-    data_dir: Path | None = Field(
-        None, description="default: $XDG_DATA_HOME/kvstore, else ./kvstore-data")
-    max_message_bytes: Size = Field(ByteSize(64 << 20), ge=1 << 16)
-    max_keys_per_call: PositiveInt = 1 << 16
-    max_handles_per_session: PositiveInt = 4096
-    max_sessions: PositiveInt = 256
+    data_dir: Path | None = Field(None, description=(
+        "the daemon's directory: its socket and, when serve has no config file, its disk tier; "
+        "default: $XDG_DATA_HOME/kvstore, else ./kvstore-data"))
+    max_message_bytes: Size = Field(ByteSize(64 << 20), ge=1 << 16, description=(
+        "the largest gRPC message, sent or received, and the largest lane frame"))
+    max_keys_per_call: PositiveInt = Field(
+        1 << 16, description="keys one call (or one lookup stream) may name")
+    max_handles_per_session: PositiveInt = Field(
+        4096, description="saves one session may hold open (not completed or aborted)")
+    max_sessions: PositiveInt = Field(
+        256, description="client sessions open at once; also bounds the open lookup streams")
     max_watchers: PositiveInt = Field(
         64, description="WatchEvents streams open at once (each holds a handler thread)")
     namespace_quota: Size | None = Field(
-        None, description="bytes of the staging tier one namespace may hold; None: no quota")
+        None, description="bytes of the staging tier one namespace may hold; unset: no quota")
     drain_timeout_s: PositiveFloat = Field(10.0, description="SIGTERM: wait this long for calls")
     workers: int = Field(32, ge=4, le=1024, description="gRPC handler threads per listener")
     lane: bool = Field(True, description="serve the local lane: lookups, leases and the staging "
@@ -196,10 +225,10 @@ class DaemonConfig(Strict):
         "slab read-only) and copied into the slab at complete_store; default: as large as the "
         "host tier. Memory is taken only as written (a session keeps its largest save in "
         "flight resident); saves past it are refused (counted)"))
-    copy_threads: int = Field(default_factory=lambda: min(8, max(1, (os.cpu_count() or 2) // 2)),
+    copy_threads: int = Field(default_factory=lambda: min(8, max(1, usable_cores() // 2)),
                               ge=1, le=64, description=(
         "threads that copy a large completed save from a staging area into the slab "
-        "(default: half the cores, at most 8)"))
+        "(default: half the cores this process may run on, at most 8)"))
 
     @model_validator(mode="after")
     def _tcp_needs_token(self) -> DaemonConfig:
@@ -227,15 +256,23 @@ class KVStoreConfig(BaseSettings):
         env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
-    model_id: str = Field("default", min_length=1)
-    tenant_salt: str = ""
-    layout: LayoutConfig = LayoutConfig()
-    store: StoreConfig = StoreConfig()
-    tiers: list[TierConfig] = Field(default_factory=lambda: [_default_tier()], min_length=1)
-    connector: ConnectorConfig = ConnectorConfig()
-    security: SecurityConfig = SecurityConfig()
-    daemon: DaemonConfig = DaemonConfig()
-    admin: AdminConfig = AdminConfig()
+    model_id: str = Field("default", min_length=1, description=(
+        "the model's name; part of every key, so two models never share pages"))
+    tenant_salt: str = Field("", description=(
+        "operator-set tenant salt, part of every key: pages of two salts are invisible to "
+        "each other"))
+    layout: LayoutConfig = Field(LayoutConfig(), description="the model's KV shape")
+    store: StoreConfig = Field(StoreConfig(), description="how pages move between the tiers")
+    tiers: list[TierConfig] = Field(
+        default_factory=lambda: [_default_tier()], min_length=1,
+        description="the tiers, fastest first; names must be unique")
+    connector: ConnectorConfig = Field(
+        ConnectorConfig(), description="how an engine's KV connector uses the store")
+    security: SecurityConfig = Field(
+        SecurityConfig(), description="the deployment secret and what records keep")
+    daemon: DaemonConfig = Field(DaemonConfig(), description="kvstore serve: listeners and limits")
+    admin: AdminConfig = Field(
+        AdminConfig(), description="kvstore serve: the admin API and dashboard")
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:
@@ -320,8 +357,8 @@ class _Environment(EnvSettingsSource):
                 lines.append(f"  {name}" + (f" (did you mean {close[0]}?)" if close else ""))
             raise ConfigError(
                 "unknown KVSTORE_* variables:\n" + "\n".join(lines),
-                hint="KVSTORE_* variables set the fields of the README's configuration "
-                "reference; rename or unset these",
+                hint="KVSTORE_* variables set the fields of the configuration reference "
+                "(docs/configuration.md); rename or unset these",
             )
         native = ours.get("KVSTORE_NATIVE")
         if native is not None and native.strip().lower() not in _NATIVE_MODES:
@@ -420,7 +457,7 @@ def _read_file(path: Path) -> dict[str, Any]:
             raise ConfigError(
                 f"config file {path}: kvstore reads TOML (.toml) and YAML (.yaml, .yml), "
                 f"not {path.suffix or 'a file without a suffix'}",
-                hint="write the settings as TOML or YAML (README: configuration reference)",
+                hint="write the settings as TOML or YAML (docs/configuration.md)",
             )
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None

@@ -24,15 +24,20 @@ DEFAULT_MAX_IO_BYTES = 2 << 20
 
 class DiskTierConfig(TierConfigBase):
     """NVMe: a preallocated slab of record slots with an LMDB index, in a directory of its own
-    on a local filesystem (see kvstore/tiers/disk.py for the guarantees)."""
+    on a local filesystem (see kvstore/tiers/disk.py for the guarantees). Page buffers that are
+    4 KiB aligned (``kvstore.buffers.aligned_pages``) go to and from disk with no copy; others
+    go through a counted bounce buffer."""
 
-    kind: Literal["disk"] = "disk"
-    name: str = "disk"
+    kind: Literal["disk"] = Field("disk", description="selects the tier implementation")
+    name: str = Field("disk", description="unique name: the metrics label and the tier= argument")
     capacity: Size = Field(ByteSize(64 << 30), description="bytes of pages, e.g. '500GiB'")
-    policy: str = "lru"
+    policy: str = Field(
+        "lru", description="eviction policy: a registered name or package.module:Class")
     path: Path = Field(description="the tier's own directory (created if missing)")
     io_threads: int = Field(8, ge=1, le=256, description="parallel preadv/pwritev workers")
-    o_direct: Literal["auto"] | bool = "auto"
+    o_direct: Literal["auto"] | bool = Field("auto", description=(
+        "bypass the page cache; auto: where the filesystem allows it, else buffered I/O "
+        "(logged); true: refuse to start without it"))
     durability: Literal["group", "batch", "none"] = Field(
         "group",
         description="when a put is power-safe: group (within sync_interval_ms), batch (at once: "
@@ -41,9 +46,13 @@ class DiskTierConfig(TierConfigBase):
     sync_interval_ms: float = Field(
         100.0, gt=0, le=60_000, description="the group commit's bound (durability = group)"
     )
-    preallocate: bool = True
-    allow_network_fs: bool = False
-    check_index: bool = True
+    preallocate: bool = Field(True, description=(
+        "reserve the whole slab file at start (false: sparse, it grows as pages are written)"))
+    allow_network_fs: bool = Field(False, description=(
+        "run on NFS/CIFS/FUSE anyway (unsafe: locks and O_DIRECT are not reliable there)"))
+    check_index: bool = Field(True, description=(
+        "probe the LMDB index in a child process at start; a damaged index is moved aside and "
+        "the tier starts empty"))
     max_io_bytes: Size = Field(
         ByteSize(DEFAULT_MAX_IO_BYTES), ge=4096,
         description="bytes per syscall (one slot where bigger)",

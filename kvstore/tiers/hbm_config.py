@@ -14,12 +14,14 @@ class HBMTierConfig(TierConfigBase):
     """GPU memory: the page pool an engine allocates its paged KV cache from (torch's CPU device
     where there is no GPU)."""
 
-    kind: Literal["hbm"] = "hbm"
-    name: str = "hbm"
+    kind: Literal["hbm"] = Field("hbm", description="selects the tier implementation")
+    name: str = Field("hbm", description="unique name: the metrics label and the tier= argument")
     capacity: Size = Field(ByteSize(8 << 30), description="bytes of GPU memory for pages")
     # Leaf-first: a hit touches a chain head to tail, so LRU would evict heads first and leave
     # tails an engine can only recompute (its prefix stops at the first missing block).
-    policy: str = "lineage"
+    policy: str = Field("lineage", description=(
+        "eviction policy: a registered name or package.module:Class; lineage evicts leaves "
+        "first, so a chain keeps its head"))
     device: str | None = Field(None, description="torch device; default cuda if present, else cpu")
 
     def tier_kwargs(self) -> dict[str, Any]:

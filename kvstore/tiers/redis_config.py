@@ -23,13 +23,16 @@ class RedisTierConfig(TierConfigBase):
     """Redis or a Redis Cluster shared by many nodes: pages as verified records.
 
     ``capacity`` is this node's budget in the shared cache (its eviction policy evicts within
-    it); bound the cache as a whole with ``ttl_s`` and/or the server's ``maxmemory``.
+    it); bound the cache as a whole with ``ttl_s`` and/or the server's ``maxmemory``. Size
+    ``maxmemory`` at about 1.25x the page bytes to keep (jemalloc stores a 2 MiB value in a
+    2.5 MiB size class); a server at ``maxmemory`` refuses puts (counted), reads go on.
     """
 
-    kind: Literal["redis"] = "redis"
-    name: str = "redis"
+    kind: Literal["redis"] = Field("redis", description="selects the tier implementation")
+    name: str = Field("redis", description="unique name: the metrics label and the tier= argument")
     capacity: Size = Field(ByteSize(16 << 30), description="this node's budget, e.g. '64GiB'")
-    policy: str = "lru"
+    policy: str = Field(
+        "lru", description="eviction policy: a registered name or package.module:Class")
     url: str | None = Field(
         None, description="one server: redis://[user@]host:6379/0, rediss:// for TLS"
     )
@@ -37,27 +40,34 @@ class RedisTierConfig(TierConfigBase):
         None, min_length=1, description="a Redis Cluster: seed nodes as 'host:port'"
     )
     username: str | None = Field(None, description="ACL user (default: the 'default' user)")
-    password: SecretStr | None = None
+    password: SecretStr | None = Field(
+        None, description="the user's password (never printed; not in url or cluster_nodes)")
     tls: bool = Field(False, description="TLS (implied by a rediss:// url)")
-    tls_ca_certs: FilePath | None = None
-    tls_certfile: FilePath | None = None
-    tls_keyfile: FilePath | None = None
+    tls_ca_certs: FilePath | None = Field(
+        None, description="CA bundle to verify the server with (TLS only); default: the system's")
+    tls_certfile: FilePath | None = Field(
+        None, description="client certificate for mutual TLS (TLS only)")
+    tls_keyfile: FilePath | None = Field(
+        None, description="the client certificate's private key (TLS only)")
     tls_verify: bool = Field(True, description="verify the server certificate and host name")
-    connect_timeout_s: PositiveFloat = 0.5
+    connect_timeout_s: PositiveFloat = Field(
+        0.5, description="longest wait for a connection; at start, no answer in it: unavailable")
     timeout_s: PositiveFloat = Field(
         1.0, description="longest wait on a server that makes no progress; then misses"
     )
     retries: int = Field(2, ge=0, le=10, description="reconnect attempts within timeout_s")
     breaker_failures: PositiveInt = Field(3, description="failed calls that open the breaker")
     breaker_cooldown_s: PositiveFloat = Field(1.0, description="open time before a probe")
-    ttl_s: float | None = Field(None, ge=0.001, description="sliding expiry; None: no TTL")
+    ttl_s: float | None = Field(
+        None, ge=0.001, description="sliding expiry (set on put, refreshed on hit); unset: no TTL")
     compression: Literal["none", "zstd"] = Field(
         "none", description="'zstd' needs the zstandard package; saves ~22 % memory, costs speed"
     )
-    key_prefix: str = Field("kvstore", min_length=1, pattern=r"^[^{}\s]+$")
+    key_prefix: str = Field("kvstore", min_length=1, pattern=r"^[^{}\s]+$", description=(
+        "pages are stored as <key_prefix>:<key hex>; nodes that share pages use the same one"))
     mac_threads: int | None = Field(
         None, ge=0, le=256,
-        description="threads hashing a batch's record MACs; None: by the cores, 0: the caller",
+        description="threads hashing a batch's record MACs; unset: by the cores, 0: the caller",
     )
     write_lanes: int = Field(
         2, ge=1, le=64,

@@ -232,7 +232,7 @@ def test_unknown_variable_is_refused_like_a_file_typo(monkeypatch: pytest.Monkey
         "  KVSTORE_MODLE_ID (did you mean KVSTORE_MODEL_ID?)\n"
         "  KVSTORE_STORE__PREFETCH_WORKRS (did you mean KVSTORE_STORE__PREFETCH_WORKERS?)"
     )
-    assert "README" in error.hint
+    assert "docs/configuration.md" in error.hint
 
 
 def test_tool_variables_are_not_settings(monkeypatch: pytest.MonkeyPatch) -> None:
