@@ -132,12 +132,31 @@ def start(cfg: KVStoreConfig) -> Daemon:
         raise
 
 
+def page_limits(dcfg: Any, page_bytes: int, pages: int) -> tuple[int | None, int]:
+    """``(namespace quota, staging rows per session)`` in pages of ``page_bytes`` for a host
+    slab of ``pages``. A size under one page is refused naming the field: a quota of 0 pages
+    would refuse every save of every namespace, a staging area of 0 rows every save of every
+    client -- a capacity typo ("1KiB" for "1GiB") must not start a daemon that stores nothing.
+    The staging area is capped at the slab (a save never holds more)."""
+    def whole_pages(field: str, size: int) -> int:
+        if size < page_bytes:
+            raise ConfigError(
+                f"daemon.{field} is {size} bytes, less than one page ({page_bytes} bytes of "
+                "this layout): every save would be refused",
+                hint=f"set daemon.{field} to at least one page, or leave it unset")
+        return size // page_bytes
+
+    quota = None if dcfg.namespace_quota is None else whole_pages(
+        "namespace_quota", int(dcfg.namespace_quota))
+    staging = pages if dcfg.staging_bytes is None else min(
+        pages, whole_pages("staging_bytes", int(dcfg.staging_bytes)))
+    return quota, staging
+
+
 def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Path, pages: int,
                  host_name: str) -> Daemon:
     dcfg, layout = cfg.daemon, store.layout
-    quota = None if dcfg.namespace_quota is None else int(dcfg.namespace_quota) // layout.page_bytes
-    staging_pages = pages if dcfg.staging_bytes is None else \
-        max(1, min(pages, int(dcfg.staging_bytes) // layout.page_bytes))
+    quota, staging_pages = page_limits(dcfg, layout.page_bytes, pages)
     copy_pool = ThreadPoolExecutor(dcfg.copy_threads, thread_name_prefix="kvstore-copy")
     service = DaemonService(store, slab, limits=Limits(
         dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota,
