@@ -112,7 +112,7 @@ def daemon_ttfts(model: str, directory: Path, *, max_len: int, runs: int,
                  fresh: Callable[[int], list[int]], same: list[int], hit: int) -> tuple[float, float]:
     """TTFT in seconds of no reuse (``fresh(i)``: a new prompt each run) and of a host hit
     (``same`` again; ``hit``: the tokens it must load) with kvstore's connector over a fresh
-    ``kvstore serve`` in ``directory``: the README's sample daemon config (one host tier) with
+    ``kvstore serve`` in ``directory``: the sample daemon config of docs/vllm.md (one host tier) with
     ``model``'s page layout."""
     import json
 

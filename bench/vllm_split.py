@@ -1,7 +1,7 @@
 """The default-layout stage of ``bench.vllm``: vLLM as it runs by default (no
 ``VLLM_ENABLE_V1_MULTIPROCESSING`` override: EngineCore, the connector's scheduler side, in a
 process of its own, the worker in another) -- recompute and vLLM's own prefix-cache hit without
-a connector, then no reuse and a host hit over a ``kvstore serve`` sidecar with the README's
+a connector, then no reuse and a host hit over a ``kvstore serve`` sidecar with docs/vllm.md's
 sample daemon config (one host tier).
 
 :func:`run_split` runs the stage in a fresh Python process (``python -m bench.vllm_split``):

@@ -73,8 +73,8 @@ def _open_tier(i: int, tcfg: TierConfig, layout: KVLayout, metrics: Metrics,
             raise
         raise ConfigError(
             f"tiers.{i} ({tcfg.name!r}): {exc.message}",
-            hint=f"lower tiers.{i}.capacity to fit this machine's memory (README: operator "
-            "notes, sizing the host tier)",
+            hint=f"lower tiers.{i}.capacity to fit this machine's memory (docs/operations.md: "
+            "sizing the host tier)",
         ) from None
 
 

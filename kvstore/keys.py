@@ -1,4 +1,4 @@
-"""Namespaces and block keys (key spec v1; the README documents it with a test vector).
+"""Namespaces and block keys (key spec v1; docs/keys-and-pages.md documents it with a test vector).
 
 Namespace seed (16 bytes)::
 
@@ -14,7 +14,7 @@ instead of the salt itself::
 
 (32 bytes), so a namespace's seed — hence its keys — cannot be computed from the tenant salt
 alone, and two deployments with different secrets never share keys. Without a secret the seed
-is exactly as above (the README's test vector).
+is exactly as above (the spec's test vector).
 
 Block keys, one per *full* block of ``block_size`` tokens (a trailing partial block gets none)::
 

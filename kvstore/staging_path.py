@@ -1,5 +1,5 @@
-"""The store's staging path, the one seam engines load and save through (see the README's "The
-staging path" and :mod:`kvstore.staging` for the handles): ``prepare_load``/``complete_load``,
+"""The store's staging path, the one seam engines load and save through (see
+docs/architecture.md, "The staging path", and :mod:`kvstore.staging` for the handles): ``prepare_load``/``complete_load``,
 ``prepare_store``/``complete_store``/``abort``. A mixin of :class:`~kvstore.store.TieredStore`:
 it runs under the store's lock and room accounting (claims, retiring victims), whose contract
 the store's module docstring states."""

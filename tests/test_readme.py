@@ -1,5 +1,6 @@
-"""The README stays true: its results table is what bench/results/ holds, its commands exist,
-its code runs as written, its links resolve and its metric list is complete."""
+"""The README and the docs pages stay true: the README's results table is what bench/results/
+holds, its commands exist, every page's code runs as written, their links resolve and the
+metric list of the operations page is complete."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from bench.report import readme_table, render
 from kvstore import ConfigError, build_namespace, build_store, load_config
+from tests.docs_pages import all_text, page, pages
 from tests.redis_servers import RedisServer
 from tests.server.daemon_proc import DaemonProc, write_config
 
@@ -34,9 +36,9 @@ def test_setup_commands_exist() -> None:
         assert (ROOT / script).exists()
 
 
-# ----------------------------------------------------------------- the README's code runs
+# ----------------------------------------------------------------- the docs' code runs
 #
-# Every ```python block runs as written, each in a fresh interpreter in an empty directory, after
+# Every ```python block of the README and docs/ runs as written, each in a fresh interpreter in an empty directory, after
 # the ```toml blocks whose first line names a file (``# kvstore.toml``) were saved there. A block
 # that reads REDIS_URL gets a private redis-server; one that reads CHECKPOINT, a tiny Hugging Face
 # checkpoint directory with a tokenizer.json (as save_pretrained and the tokenizers library
@@ -77,10 +79,11 @@ def run_python(code: str, cwd: Path, *args: str, env: dict[str, str] | None = No
                           text=True, env={**clean, **(env or {})}, timeout=240)
 
 
-README = (ROOT / "README.md").read_text()
+#: README.md and every docs page, one after another (blocks are found in all of them)
+README = all_text()
 SCRIPTS = {file_name(code): code for _, code in blocks("python") if file_name(code)}
-#: the vLLM section's blocks run in order with its shell blocks, under vLLM (tests/vllm)
-VLLM_SECTION = README[README.index("## Use with vLLM"):README.index("## Sidecar daemon")]
+#: the vLLM page's blocks run in order with its shell blocks, under vLLM (tests/vllm)
+VLLM_SECTION = page("vllm")
 SNIPPETS = [(h, code) for h, code in blocks("python")
             if not file_name(code) and f"```python\n{code}```" not in VLLM_SECTION]
 
@@ -151,14 +154,15 @@ def test_toml_blocks_are_valid_configs(tmp_path: Path) -> None:
 
 
 def test_links_stay_inside_the_repository() -> None:
-    assert "../" not in README
-    for target in re.findall(r"\]\(([^)#]+)[^)]*\)", README):
-        if not target.startswith(("http://", "https://")):
-            assert (ROOT / target).exists(), target
+    for path, text in pages().items():
+        assert "../" not in text, path
+        for target in re.findall(r"\]\(([^)#]+)[^)]*\)", text):
+            if not target.startswith(("http://", "https://")):
+                assert (path.parent / target).exists(), (path, target)
 
 
 def test_metric_names_are_documented(tmp_path: Path) -> None:
-    """The operator notes list every metric a store with host and disk tiers and a connector
+    """The operations page lists every metric a store with host and disk tiers and a connector
     exposes, and no other."""
     from connector import InProcessScheduler
 
@@ -169,8 +173,7 @@ def test_metric_names_are_documented(tmp_path: Path) -> None:
         InProcessScheduler(store, build_namespace(cfg), num_blocks=8)
         exposed = {m.name + ("_total" if m.type == "counter" else "")
                    for m in store.metrics.registry.collect()}
-    notes = README[README.index("## Operator notes"):]
-    notes = notes[: notes.index("\n## ", 4)]
+    notes = page("operations")
     documented = set(re.findall(r"^\| `(kvstore_\w+)", notes, re.M))
     assert documented == exposed
 
@@ -194,7 +197,8 @@ except kvstore.ConfigError as exc:
 def test_host_tier_refusals_are_what_the_operator_notes_quote(tmp_path: Path) -> None:
     """'Sizing the host tier' quotes the two refusals of a host tier the machine cannot hold:
     larger than its memory, and an allocation the kernel refuses (here under ``ulimit -v``)."""
-    notes = README[README.index("**Sizing the host tier.**"):]
+    notes = page("operations")
+    notes = notes[notes.index("**Sizing the host tier.**"):]
     notes = notes[: notes.index("\n\n")]
     quoted = [" ".join(q.split()) for q in re.findall(r"`(tiers\.N [^`]+)`", notes)]
     assert len(quoted) == 2, quoted

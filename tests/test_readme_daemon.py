@@ -1,6 +1,6 @@
-"""The README's daemon sections run in order, as a user types them: every ```bash/```shell/```sh
-and ```python block of "## Sidecar daemon" and "## Admin API and dashboard", one after the
-other, each against the daemon the blocks before it started.
+"""The daemon's docs pages run in order, as a user types them: every ```bash/```shell/```sh
+and ```python block of docs/daemon.md and docs/admin.md, one after the other, each against the
+daemon the blocks before it started.
 
 The shell blocks are one shell session: what a block exports, the next block and the Python
 blocks see. What a test cannot run as written is substituted, and only that: a background
@@ -27,9 +27,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.test_readme import FENCE, README, run_python
+from tests.docs_pages import page
+from tests.test_readme import FENCE, run_python
 
-SECTIONS = ("## Sidecar daemon", "## Admin API and dashboard")
+#: the pages whose blocks run in one session, in this order
+SECTIONS = ("daemon", "admin")
 SHELL = ("bash", "shell", "sh")
 KVSTORE = str(Path(sys.executable).parent / "kvstore")
 SERVE = re.compile(r"^kvstore serve(?P<args>[^&#]*)&\s*(#.*)?$")
@@ -37,15 +39,10 @@ KILL = re.compile(r"^kill %1(\s*&&\s*wait( %1)?)?\s*(#.*)?$")
 ADMIN_PORT = "127.0.0.1:8470"
 
 
-def section_blocks(readme: str) -> list[tuple[str, str]]:
-    """(language, code) of every shell and Python block of SECTIONS, in the README's order."""
-    out = []
-    for title in SECTIONS:
-        start = readme.index(f"\n{title}\n")
-        end = readme.find("\n## ", start + 1)
-        body = readme[start: end if end != -1 else None]
-        out += [(m[1], m[2]) for m in FENCE.finditer(body) if m[1] in (*SHELL, "python")]
-    return out
+def section_blocks() -> list[tuple[str, str]]:
+    """(language, code) of every shell and Python block of the SECTIONS pages, in order."""
+    return [(m[1], m[2]) for name in SECTIONS for m in FENCE.finditer(page(name))
+            if m[1] in (*SHELL, "python")]
 
 
 def free_port() -> int:
@@ -143,7 +140,7 @@ class Session:
         script = "set -euo pipefail\n" + "\n".join(lines) + f"\nenv -0 > {shlex.quote(str(env_file))}\n"
         proc = subprocess.run(["bash", "-c", script], cwd=self.cwd, env=self.env,
                               capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, (f"README shell lines failed ({proc.returncode}):\n"
+        assert proc.returncode == 0, (f"docs shell lines failed ({proc.returncode}):\n"
                                       + "\n".join(lines) + f"\n{proc.stdout}\n{proc.stderr}")
         self.transcript.append(proc.stdout)
         self.env = dict(kv.split("=", 1) for kv in env_file.read_text().split("\0") if "=" in kv)
@@ -160,18 +157,18 @@ class Session:
             self.daemon = None
 
 
-def run_sections(readme: str, cwd: Path, *, blocks: list[tuple[str, str]] | None = None,
+def run_sections(cwd: Path, *, blocks: list[tuple[str, str]] | None = None,
                  env_drop: tuple[str, ...] = ()) -> Session:
-    """Run ``blocks`` ((language, code), default: the daemon sections' of ``readme``) in order
-    in one session in ``cwd``, without the variables ``env_drop``."""
+    """Run ``blocks`` ((language, code), default: the daemon and admin pages') in order in one
+    session in ``cwd``, without the variables ``env_drop``."""
     session = Session(cwd)
     for name in env_drop:
         session.env.pop(name, None)
     try:
-        for lang, code in (section_blocks(readme) if blocks is None else blocks):
+        for lang, code in (section_blocks() if blocks is None else blocks):
             if lang == "python":
                 proc = session.python(code)
-                assert proc.returncode == 0, f"README python block failed:\n{code}\n{proc.stderr}"
+                assert proc.returncode == 0, f"docs python block failed:\n{code}\n{proc.stderr}"
                 session.transcript.append(proc.stdout)
             else:
                 session.shell(code)
@@ -181,9 +178,9 @@ def run_sections(readme: str, cwd: Path, *, blocks: list[tuple[str, str]] | None
 
 
 def test_daemon_sections_run_in_order(tmp_path: Path) -> None:
-    langs = [lang for lang, _ in section_blocks(README)]
+    langs = [lang for lang, _ in section_blocks()]
     assert "python" in langs and any(lang in SHELL for lang in langs)
-    session = run_sections(README, tmp_path)
+    session = run_sections(tmp_path)
     out = "".join(session.transcript)
     assert '"ready":true' in out.replace(" ", "")  # the admin block's /readyz
     assert "tiers" in out  # its `kvstore stats`
@@ -194,7 +191,7 @@ def test_example_against_the_embedded_default_is_one_line_naming_both_layouts(
     """Skip the block that starts the daemon with the tiny model's layout: the example meets
     `kvstore serve`'s embedded default (Llama-3-8B's layout) and raises one kvstore error that
     names both layouts and the [layout] to start the daemon with."""
-    (example,) = [code for lang, code in section_blocks(README) if lang == "python"]
+    (example,) = [code for lang, code in section_blocks() if lang == "python"]
     session = Session(tmp_path)
     try:
         proc = session.python(example)

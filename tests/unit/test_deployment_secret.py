@@ -24,7 +24,7 @@ TOKENS = list(range(40))
 
 
 def test_without_a_secret_keys_are_todays() -> None:
-    """The README's key test vector holds with no secret (and with secret=None)."""
+    """The key spec's test vector (docs/keys-and-pages.md) holds with no secret (and with secret=None)."""
     for ns in (Namespace(MODEL, LAYOUT), Namespace(MODEL, LAYOUT, "", None)):
         assert ns.seed.hex() == "23b30a8b666ca22d42a312935d0ba2b1"
         assert ns.chain(TOKENS).keys[0].hex() == "d1e799d21a96c5ba1c39f989b0582e33"
@@ -46,7 +46,7 @@ def test_two_deployments_give_different_keys_for_the_same_salt_and_tokens() -> N
 
 
 def test_the_keyed_salt_follows_the_spec() -> None:
-    """README: with a secret, the salt field of the seed's material is
+    """The key spec (docs/keys-and-pages.md): with a secret, the salt field of the seed's material is
     BLAKE3(salt, key=derive_key("kvstore tenant salt v1", secret)), 32 bytes."""
     a = Namespace(MODEL, LAYOUT, "tenant-a", SECRET_A.encode())
     key = blake3.blake3(SECRET_A.encode(), derive_key_context="kvstore tenant salt v1").digest()

@@ -1,4 +1,4 @@
-"""Key spec v1: the README's test vector, determinism across processes, namespace separation."""
+"""Key spec v1: the test vector of docs/keys-and-pages.md, determinism across processes, namespace separation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvstore.keys import shard_model_id
 
 LLAMA = KVLayout(32, 8, 128, 16, "bfloat16")
 
-# The README's test vector (key spec v1). Changing any of these is a format break.
+# The spec's test vector (docs/keys-and-pages.md, key spec v1). Changing any of these is a format break.
 VECTOR = {
     "layout_fingerprint": "9d5b7084f080f6ff",
     "seed": "23b30a8b666ca22d42a312935d0ba2b1",
@@ -32,12 +32,12 @@ def test_readme_vector() -> None:
     assert [k.hex() for k in salted.chain(list(range(40))).keys] == VECTOR["salted_keys"]
 
 
-def test_readme_states_the_vector() -> None:
-    from pathlib import Path
+def test_the_spec_page_states_the_vector() -> None:
+    from tests.docs_pages import page
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    spec = page("keys-and-pages")
     for value in (VECTOR["seed"], *VECTOR["keys"], *VECTOR["salted_keys"]):
-        assert value in readme
+        assert value in spec
 
 
 def test_keys_identical_in_another_process() -> None:

@@ -193,7 +193,7 @@ def test_record_of_another_secret_fails_the_mac(record, layout, ns, other) -> No
 
 
 def test_the_mac_is_aes_gmac_over_header_and_payload(record, layout) -> None:
-    """The spec (README): tag = AES-256-GCM keyed with BLAKE3 derive_key("kvstore record MAC
+    """The spec (docs/keys-and-pages.md): tag = AES-256-GCM keyed with BLAKE3 derive_key("kvstore record MAC
     v3", secret), under the record's nonce (header bytes 96+4n..108+4n), no plaintext, every
     header byte before the tag then the stored payload as associated data."""
     buf, _, payload = record
@@ -209,7 +209,7 @@ def test_the_mac_is_aes_gmac_over_header_and_payload(record, layout) -> None:
 
 
 def test_a_wire_seal_is_aes_gmac_of_the_context_fields_and_page(ns) -> None:
-    """The daemon's wire (README): seal = nonce (12 random bytes) || AES-256-GCM tag under the
+    """The daemon's wire (docs/keys-and-pages.md): seal = nonce (12 random bytes) || AES-256-GCM tag under the
     records' key and that nonce, no plaintext, WIRE_CONTEXT || fields || page as associated
     data; any change to the fields, the page or the seal, or another secret, fails it."""
     page = np.arange(256, dtype=np.uint8)

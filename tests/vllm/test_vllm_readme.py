@@ -1,4 +1,4 @@
-"""The README's "Use with vLLM" configurations are ones vLLM and the connector accept: each JSON
+"""The "Use with vLLM" page's configurations are ones vLLM and the connector accept: each JSON
 block builds a ``KVTransferConfig`` and its ``kv_connector_extra_config`` a kvstore
 configuration, and the daemon's TOML has the layout the daemon-mode test runs with. Its shell
 and Python blocks run in order, as a user types them, in vLLM's default process layout (no
@@ -17,10 +17,10 @@ from bench.vllm_engines import BLOCK_SIZE
 from connector.vllm import load_kvstore_config
 from kvstore.config import load_config
 from kvstore.layout import KVLayout
+from tests.docs_pages import page
 from tests.vllm.test_vllm_daemon import VLLM_LAYOUT
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-SECTION = README[README.index("## Use with vLLM"):README.index("## Sidecar daemon")]
+SECTION = page("vllm")
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
 
 
@@ -57,8 +57,8 @@ def test_the_sections_blocks_run_in_order_in_the_default_layout(tmp_path: Path) 
     code = [(m[1], m[2]) for m in FENCE.finditer(SECTION) if m[1] in (*SHELL, "python")]
     assert [lang for lang, _ in code] == ["python", "bash", "python", "bash"]
     # vLLM's default layout
-    session = run_sections(README, tmp_path, blocks=code,
+    session = run_sections(tmp_path, blocks=code,
                            env_drop=("VLLM_ENABLE_V1_MULTIPROCESSING",))
     out = "".join(session.transcript)
     assert "3968 prompt tokens loaded from the daemon; same tokens: True" in out, out
-    assert "It prints `3968 prompt tokens loaded from the daemon; same tokens: True`" in README
+    assert "It prints `3968 prompt tokens loaded from the daemon; same tokens: True`" in SECTION
