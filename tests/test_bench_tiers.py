@@ -1,4 +1,4 @@
-"""bench.tiers with and without its LMCache peer, and the README column that carries it."""
+"""bench.tiers with and without its LMCache peer, and the results column that carries it."""
 
 from __future__ import annotations
 

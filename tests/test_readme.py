@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import readme_table, render
+from bench.report import BENCHMARKS_PAGE, readme_table, render
 from kvstore import ConfigError, build_namespace, build_store, load_config
 from tests.docs_pages import all_text, page, pages
 from tests.redis_servers import RedisServer
@@ -21,10 +21,15 @@ from tests.server.daemon_proc import DaemonProc, write_config
 ROOT = Path(__file__).parents[1]
 
 
-def test_results_table_comes_from_bench_results() -> None:
-    table = readme_table((ROOT / "README.md").read_text())
-    assert table is not None, "README lacks the results markers"
-    assert table == render(), "README results are stale: run python -m bench.report --write"
+def test_results_tables_come_from_bench_results() -> None:
+    """The README's headline lines and the Benchmarks page's every line are what
+    bench/results/ holds."""
+    for path, table_now in (("README.md", render(headlines=True)),
+                            (BENCHMARKS_PAGE, render())):
+        table = readme_table((ROOT / path).read_text())
+        assert table is not None, f"{path} lacks the results markers"
+        assert table == table_now, f"{path}: results are stale: run python -m bench.report --write"
+    assert 10 <= len(render(headlines=True).splitlines()) < len(render().splitlines())
 
 
 def test_setup_commands_exist() -> None:
