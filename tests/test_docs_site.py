@@ -1,5 +1,5 @@
 """The documentation site builds with ``mkdocs build --strict``: every page in the nav, no
-broken link or anchor, no page left out."""
+broken link or anchor, no page left out, and the API reference generated from the docstrings."""
 
 from __future__ import annotations
 
@@ -16,3 +16,7 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "site" / "configuration" / "index.html").exists()
+    reference = (tmp_path / "site" / "reference" / "index.html").read_text()
+    for name in ("prepare_load", "complete_store", "lookup", "KVConnectorScheduler",
+                 "get_num_new_matched_tokens"):
+        assert name in reference, name
