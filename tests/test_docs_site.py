@@ -20,3 +20,19 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     for name in ("prepare_load", "complete_store", "lookup", "KVConnectorScheduler",
                  "get_num_new_matched_tokens"):
         assert name in reference, name
+
+
+def test_no_page_cites_a_commit() -> None:
+    """Prose states what holds now; which commit measured what is the records' business
+    (``bench/results/``, the git log). A commit id is 7-12 hex digits, or 40 (the key spec's test
+    vector has digests of 16 and 32)."""
+    import re
+
+    from tests.docs_pages import pages
+
+    commit = re.compile(r"`[0-9a-f]{7,12}`|`[0-9a-f]{40}`|\bat [0-9a-f]{7,12}\b")
+    for path, text in pages().items():
+        for line in text.splitlines():
+            if path.name == "benchmarks.md" and line.startswith("|"):
+                continue  # the table of records
+            assert not commit.search(line), f"{path.name}: {line}"
