@@ -25,12 +25,13 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
 def test_no_page_cites_a_commit() -> None:
     """Prose states what holds now; which commit measured what is the records' business
     (``bench/results/``, the git log). A commit id is 7-12 hex digits, or 40 (the key spec's test
-    vector has digests of 16 and 32)."""
+    vector has digests of 16 and 32); a number of decimal digits is not one."""
     import re
 
     from tests.docs_pages import pages
 
-    commit = re.compile(r"`[0-9a-f]{7,12}`|`[0-9a-f]{40}`|\bat [0-9a-f]{7,12}\b")
+    hexid = r"(?=[0-9]*[a-f])[0-9a-f]{7,12}"  # not a decimal number
+    commit = re.compile(rf"`{hexid}`|`[0-9a-f]{{40}}`|\bat {hexid}\b")
     for path, text in pages().items():
         for line in text.splitlines():
             if path.name == "benchmarks.md" and line.startswith("|"):
