@@ -1,0 +1,138 @@
+"""The store's contracts, held by both implementations an engine may be given: the in-process
+``TieredStore`` and ``DaemonStore``, a client of a real ``kvstore serve`` subprocess. Every test
+runs against both (issue 36 grows this into the one conformance suite of the store's face).
+
+Contracts: a save is a reservation written then completed (or aborted), stored once; a leased
+lookup finds the leading run and pins it; a load returns exactly the bytes saved under that
+namespace and key, or a miss; another namespace sees nothing; a delete removes; a lease narrows
+and releases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvstore import KVLayout, Namespace, TieredStore
+from kvstore.tiers.host import HostTier
+from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc, write_config
+
+LAYOUT = KVLayout(**TINY_LAYOUT)  # type: ignore[arg-type]
+PAGES = (1 << 20) // LAYOUT.page_bytes  # the daemon's 1 MiB host tier
+
+
+@pytest.fixture(params=["in-process", "daemon"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "in-process":
+        s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, PAGES, pin_memory=False)])
+        yield s
+        s.close()
+        return
+    from connector.daemon import DaemonStore
+
+    with DaemonProc(write_config(tmp_path, host="1MiB", disk=None)) as d:
+        c = DaemonStore(d.target)
+        yield c
+        c.close()
+
+
+def _ns(salt: str) -> Namespace:
+    return Namespace("conformance", LAYOUT, salt)
+
+
+def _page(key: bytes) -> np.ndarray:
+    rng = np.random.default_rng(int.from_bytes(key[:8], "little"))
+    return rng.integers(0, 256, LAYOUT.page_bytes, dtype=np.uint8)
+
+
+def _save(store: Any, ns: Namespace, tokens: list[int], n: int | None = None) -> Any:
+    metas = ns.chain(tokens).metas()[:n]
+    h = store.prepare_store(metas)
+    for m, slot in zip(h.metas, h.slots):
+        h.slab[slot] = _page(m.key)
+    return store.complete_store(h)
+
+
+def _load(store: Any, ns: Namespace, keys: tuple[bytes, ...]) -> list[bool]:
+    """Leased lookup then load; per key whether its exact bytes came back."""
+    found = store.lookup(keys, lease=True, namespace_id=ns.id)
+    h = store.prepare_load(ns.id, keys[: found.num_blocks], lease=found.lease)
+    ok = [bool(np.array_equal(h.slab[s], _page(k))) for k, s in zip(h.keys, h.slots)]
+    assert store.complete_load(h) == h.num_blocks
+    return ok
+
+
+TOKENS = list(range(100, 100 + 6 * LAYOUT.block_size))
+
+
+def test_a_save_is_found_and_loads_its_exact_bytes(store: Any) -> None:
+    ns = _ns("a")
+    keys = ns.chain(TOKENS).keys
+    assert store.lookup(keys, namespace_id=ns.id).num_blocks == 0
+    r = _save(store, ns, TOKENS)
+    assert (r.stored, r.existing, r.refused) == (6, 0, 0)
+    assert _load(store, ns, keys) == [True] * 6
+
+
+def test_a_page_is_stored_once(store: Any) -> None:
+    ns = _ns("once")
+    _save(store, ns, TOKENS, 3)
+    r = _save(store, ns, TOKENS)
+    assert (r.stored, r.existing) == (3, 3)
+
+
+def test_an_aborted_save_stores_nothing(store: Any) -> None:
+    ns = _ns("abort")
+    h = store.prepare_store(ns.chain(TOKENS).metas())
+    store.abort(h)
+    assert store.lookup(ns.chain(TOKENS).keys, namespace_id=ns.id).num_blocks == 0
+    assert _save(store, ns, TOKENS).stored == 6  # the reservation was given back
+
+
+def test_another_namespace_loads_nothing(store: Any) -> None:
+    a, b = _ns("tenant-a"), _ns("tenant-b")
+    _save(store, a, TOKENS)
+    # b's own keys of the same tokens differ: nothing found
+    assert store.lookup(b.chain(TOKENS).keys, namespace_id=b.id).num_blocks == 0
+    # a's keys (unguessable hashes of a's seed) asked under b: a lookup may report them, but a
+    # load under b gets none of a's bytes
+    h = store.prepare_load(b.id, a.chain(TOKENS).keys)
+    assert h.num_blocks == 0
+    store.complete_load(h)
+    assert _load(store, a, a.chain(TOKENS).keys) == [True] * 6
+
+
+def test_the_leading_run_only(store: Any) -> None:
+    ns = _ns("run")
+    keys = ns.chain(TOKENS).keys
+    _save(store, ns, TOKENS, 4)
+    found = store.lookup(keys, lease=True, namespace_id=ns.id)
+    assert found.num_blocks == 4 and found.lease is not None
+    narrowed = store.narrow(found.lease, 2)
+    assert tuple(narrowed.keys) == tuple(keys[:2])
+    store.release(narrowed)
+
+
+def test_a_delete_removes(store: Any) -> None:
+    ns = _ns("delete")
+    keys = ns.chain(TOKENS).keys
+    _save(store, ns, TOKENS)
+    kw = {"namespace_id": ns.id} if not isinstance(store, TieredStore) else {}
+    assert store.delete(keys[3:], **kw) == 3
+    assert store.lookup(keys, namespace_id=ns.id).num_blocks == 3
+    assert _load(store, ns, keys) == [True] * 3
+
+
+def test_a_closed_store_refuses_naming_it(store: Any) -> None:
+    from kvstore.errors import KVStoreError
+
+    ns = _ns("closed")
+    store.close()
+    with pytest.raises(KVStoreError, match="closed"):
+        store.lookup(ns.chain(TOKENS).keys, namespace_id=ns.id)
+    with pytest.raises(KVStoreError, match="closed"):
+        store.prepare_store(ns.chain(TOKENS).metas())
+    store.close()  # idempotent
