@@ -58,7 +58,7 @@ from connector.daemon.shm import SharedSlab
 from connector.daemon.stream import CallStream, StreamEnded
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
-from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded
+from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, StoreClosed
 from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
@@ -378,8 +378,8 @@ class DaemonStore:
     def _ensure(self) -> Any:
         """The stub of a live session; fails fast while the daemon is unreachable (the
         reconnector thread, never the caller, waits for it)."""
-        if self._closed:
-            raise DaemonUnavailable("this DaemonStore was closed")
+        if self._closed:  # the caller's mistake, not an outage: refused, never a quiet miss
+            raise StoreClosed("this DaemonStore")
         if not self._connected:
             self._lost()
             raise DaemonUnavailable(f"the kvstore daemon at {self.target} is unreachable")
