@@ -150,11 +150,16 @@ class StagingPath:
         they do not expire (a writer that dies must be aborted by whoever tracked it: the
         daemon aborts a disconnected client's handles).
 
-        Raises InvalidArgument (malformed identities, no slab tier) and StoreClosed, changing
-        nothing.
+        One call takes the blocks of one namespace (as over the daemon, whose call names one).
+
+        Raises InvalidArgument (malformed identities, blocks of several namespaces, no slab
+        tier) and StoreClosed, changing nothing.
         """
         self._check_open()
         check_metas(metas, self.layout)
+        if len({m.namespace_id for m in metas}) > 1:
+            raise InvalidArgument("one prepare_store call takes blocks of one namespace",
+                                  hint="call prepare_store once per namespace")
         slab_tier = self.staging_tier(tier)
         t = cast(Tier, slab_tier)
         ti = self._by_name[t.name]

@@ -4,8 +4,9 @@ runs against both (issue 36 grows this into the one conformance suite of the sto
 
 Contracts: a save is a reservation written then completed (or aborted), stored once; a leased
 lookup finds the leading run and pins it; a load returns exactly the bytes saved under that
-namespace and key, or a miss; another namespace sees nothing; a delete removes; a lease narrows
-and releases."""
+namespace and key, or a miss; a load under another namespace gets nothing; a delete removes; a
+lease narrows and releases; a handle completes once; bad keys and a save of two namespaces are
+refused; a closed store refuses."""
 
 from __future__ import annotations
 
@@ -136,3 +137,59 @@ def test_a_closed_store_refuses_naming_it(store: Any) -> None:
     with pytest.raises(KVStoreError, match="closed"):
         store.prepare_store(ns.chain(TOKENS).metas())
     store.close()  # idempotent
+
+
+def test_a_handle_completes_once(store: Any) -> None:
+    from kvstore.errors import KVStoreError
+
+    ns = _ns("twice")
+    h = store.prepare_store(ns.chain(TOKENS).metas())
+    for m, slot in zip(h.metas, h.slots):
+        h.slab[slot] = _page(m.key)
+    assert store.complete_store(h).stored == 6
+    with pytest.raises(KVStoreError):
+        store.complete_store(h)
+    with pytest.raises(KVStoreError):
+        store.abort(h)
+    assert _load(store, ns, ns.chain(TOKENS).keys) == [True] * 6
+
+
+def test_a_load_handle_completes_once(store: Any) -> None:
+    from kvstore.errors import KVStoreError
+
+    ns = _ns("load-twice")
+    _save(store, ns, TOKENS)
+    h = store.prepare_load(ns.id, ns.chain(TOKENS).keys)
+    assert store.complete_load(h) == 6
+    with pytest.raises(KVStoreError):
+        store.complete_load(h)
+
+
+def test_bad_keys_are_refused_naming_them(store: Any) -> None:
+    from kvstore.errors import InvalidArgument
+
+    ns = _ns("bad")
+    with pytest.raises(InvalidArgument):
+        store.lookup([b"short"], namespace_id=ns.id)
+    with pytest.raises(InvalidArgument):
+        store.prepare_load(ns.id, [b"\0" * 15])
+
+
+def test_one_save_takes_one_namespace(store: Any) -> None:
+    from kvstore.errors import InvalidArgument
+
+    a, b = _ns("one-a"), _ns("one-b")
+    metas = a.chain(TOKENS).metas()[:2] + b.chain(TOKENS).metas()[:2]
+    with pytest.raises(InvalidArgument, match="one prepare_store call takes blocks of one namespace"):
+        store.prepare_store(metas)
+
+
+def test_a_released_lease_cannot_be_used_again(store: Any) -> None:
+    from kvstore.errors import LeaseError
+
+    ns = _ns("released")
+    _save(store, ns, TOKENS)
+    found = store.lookup(ns.chain(TOKENS).keys, lease=True, namespace_id=ns.id)
+    store.release(found.lease)
+    with pytest.raises(LeaseError):
+        store.narrow(found.lease, 1)
