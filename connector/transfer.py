@@ -170,13 +170,13 @@ class CpuTransfer(LayerTransfer):
         return None
 
     def load_context(self, gate: Any, block_ids: Sequence[int], slots: Sequence[int]) -> Any:
-        pairs = list(zip(block_ids, slots))
-        if self._runs_by_torch and len(pairs) >= _TORCH_RUNS_MIN_PAIRS:
+        n = len(block_ids)
+        if self._runs_by_torch and n >= _TORCH_RUNS_MIN_PAIRS:
             runs = index_runs(np.asarray(block_ids, np.int64), np.asarray(slots, np.int64),
-                              limit=len(pairs) // _TORCH_PAIRS_PER_RUN)
+                              limit=n // _TORCH_PAIRS_PER_RUN)
             if runs is not None:
                 return _RunsCtx(runs)
-        return pairs
+        return list(zip(block_ids, slots))
 
     def load_layer(self, ctx: Any, layer: int) -> None:
         if isinstance(ctx, _RunsCtx):

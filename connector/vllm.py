@@ -450,13 +450,14 @@ class KVStoreConnector(KVConnectorBase_V1):
             st.keys = [[] for _ in st.scheds]
         data = token_bytes(tokens[st.saved * B:full * B])
         step = 4 * B
+        # keys of every block up to `full` (computed once, extended as the request grows; the
+        # shards' key lists grow together, so their new tokens are one slice)
+        have = len(st.keys[0])
+        grown = token_bytes(tokens[have * B:full * B]) if full > have else b""
         for sched, keys in zip(st.scheds, st.keys):  # each shard under its own namespace
             ns = sched.namespace
-            # keys of every block up to `full` (computed once, extended as the request grows)
-            have = len(keys)
-            if full > have:
-                parent = keys[-1] if keys else ns.seed
-                keys.extend(chain_keys(parent, token_bytes(tokens[have * B:full * B]), B))
+            if grown:
+                keys.extend(chain_keys(keys[-1] if keys else ns.seed, grown, B))
             metas = [
                 BlockMeta(ns.seed, keys[i], keys[i - 1] if i else ns.seed,
                           data[(i - st.saved) * step:(i - st.saved + 1) * step])

@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from connector.daemon import shm
 from connector.proto import kvstore_daemon_pb2 as pb
 from kvstore.build import build_store
-from kvstore.config import KVStoreConfig, load_config
+from kvstore.config import DaemonConfig, KVStoreConfig, load_config
 from kvstore.errors import ConfigError
 from kvstore.record import RecordMac
 from server.daemon.handlers import add_servicer
@@ -132,7 +132,7 @@ def start(cfg: KVStoreConfig) -> Daemon:
         raise
 
 
-def page_limits(dcfg: Any, page_bytes: int, pages: int) -> tuple[int | None, int]:
+def page_limits(dcfg: DaemonConfig, page_bytes: int, pages: int) -> tuple[int | None, int]:
     """``(namespace quota, staging rows per session)`` in pages of ``page_bytes`` for a host
     slab of ``pages``. A size under one page is refused naming the field: a quota of 0 pages
     would refuse every save of every namespace, a staging area of 0 rows every save of every
