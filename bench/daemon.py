@@ -5,10 +5,14 @@ Per client count:
   connector's scheduler asks (the release is not timed), over the Unix socket, against the same
   lookup on an in-process store; on a daemon of its own with small pages (a lookup's cost does
   not depend on the page size, and 2048 Llama-sized pages per client would not fit in memory);
-* save and load GB/s through shared memory (prepare_store / copy into the session's staging
-  rows / complete_store, where the daemon copies them into the slab -- clients map the slab
-  read-only; lookup / prepare_load / copy out of the slab / complete_load), all clients together,
-  against the same calls and copies on an in-process store (one process) in the same run. The
+* save and load GB/s through shared memory, all clients together, two ways: ``shm`` -- the
+  caller copies (prepare_store / copy into the session's staging rows / complete_store, where
+  the daemon copies them into the slab -- clients map the slab read-only; lookup / prepare_load
+  / copy out of the slab / complete_load), as the connector does for device pages; and
+  ``peer-copy`` -- the caller names its pages (``complete_store(pages=)``,
+  ``complete_load(into=)``) and the daemon copies them straight from and to the client's memory
+  on its copy threads. Each against the same calls on an in-process store (one process) in the
+  same run. The
   baseline runs in a process of its own, as a client does, and alternates with the one-client
   runs (``REPEATS`` of each, medians): a single-threaded copy's speed drifts by 10-20 % between
   runs on a VM, more than the difference measured;
@@ -37,6 +41,8 @@ LOOKUP_KEYS = 2048  # a 32K-token prompt in 16-token blocks
 LOOKUP_RUNS = 400
 #: in-process and one-client runs, alternated (see the module docstring)
 REPEATS = 3
+#: how the caller's pages move (see the module docstring)
+MODES = ("shm", "peer-copy")
 #: a round's save, in this many parts completed while the next is written (as the connector does)
 SAVE_CHUNKS = 4
 #: the lookup daemon's pages: small, as many as the clients' prompts need
@@ -74,14 +80,16 @@ def _spawn(target: Any, n: int, *args: Any) -> list[Any]:
     return results
 
 
-def _workload(store: Any, ns: Any, pages: int, rounds: int, seed: int) -> dict[str, Any]:
+def _workload(store: Any, ns: Any, pages: int, rounds: int, seed: int,
+              mode: str = "shm") -> dict[str, Any]:
     """Save ``pages`` pages and load them back, ``rounds`` times (fresh keys each round), then
     time lookups. Works on a TieredStore and a DaemonStore alike.
 
     A round's save runs as the connector's does: in ``SAVE_CHUNKS`` parts, each written into
     its reserved rows on this thread and completed on a save thread while the next part is
     written (over the daemon, ``complete_store`` copies the part from the session's staging
-    area into the slab)."""
+    area into the slab). ``mode``: ``shm`` -- this thread copies into the handle's rows and out
+    of the slab; ``peer-copy`` -- the calls take the pages (``pages=`` / ``into=``)."""
     page_bytes = store.layout.page_bytes
     src = np.random.default_rng(seed).integers(0, 255, (pages, page_bytes), np.uint8)
     dst = src.copy()  # written: no page faults in the timed copies
@@ -97,17 +105,24 @@ def _workload(store: Any, ns: Any, pages: int, rounds: int, seed: int) -> dict[s
         done = []
         for part in range(0, pages, step):
             h = store.prepare_store(metas[part: part + step])
-            for slot, m in zip(h.slots, h.metas):
-                np.copyto(h.slab[slot], src[row[m.key]])
-            done.append(saver.submit(store.complete_store, h))
+            if mode == "shm":
+                for slot, m in zip(h.slots, h.metas):
+                    np.copyto(h.slab[slot], src[row[m.key]])
+                done.append(saver.submit(store.complete_store, h))
+            else:
+                done.append(saver.submit(store.complete_store, h,
+                                         pages=[src[row[m.key]] for m in h.metas]))
         for f in done:
             f.result()
         t1 = time.perf_counter()
         found = store.lookup(chain.keys, lease=True)
         lh = store.prepare_load(ns.id, chain.keys[: found.num_blocks], lease=found.lease)
-        for i, slot in enumerate(lh.slots):
-            np.copyto(dst[i], lh.slab[slot])
-        store.complete_load(lh)
+        if mode == "shm":
+            for i, slot in enumerate(lh.slots):
+                np.copyto(dst[i], lh.slab[slot])
+            store.complete_load(lh)
+        else:
+            store.complete_load(lh, into=dst[: lh.num_blocks])
         t2 = time.perf_counter()
         assert lh.num_blocks == pages and np.array_equal(dst, src), "pages came back wrong"
         save_s += t1 - t0
@@ -193,7 +208,7 @@ def _prefault(slab: np.ndarray) -> None:
 
 
 def _inproc_client(layout_cfg: dict[str, Any], host_pages: int, pages: int, rounds: int,
-                   _i: int, _barrier: Any, q: Any) -> None:
+                   mode: str, _i: int, _barrier: Any, q: Any) -> None:
     """The baseline: the client's workload on an in-process store, in a process of its own."""
     from kvstore import KVLayout, Namespace, TieredStore
     from kvstore.tiers.host import HostTier
@@ -203,7 +218,7 @@ def _inproc_client(layout_cfg: dict[str, Any], host_pages: int, pages: int, roun
     host = store.tier("host")
     assert isinstance(host, HostTier)
     host.slab.fill(0)  # fault the slab in before timing
-    q.put(_workload(store, Namespace("bench", layout, "inproc"), pages, rounds, 99))
+    q.put(_workload(store, Namespace("bench", layout, "inproc"), pages, rounds, 99, mode))
     store.close()
 
 
@@ -214,7 +229,7 @@ def _gbps(results: list[dict[str, Any]]) -> tuple[float, float]:
             total / max(r["load_s"] for r in results) / 1e9)
 
 
-def _client(target: str, pages: int, rounds: int, first: int, i: int, barrier: Any,
+def _client(target: str, pages: int, rounds: int, first: int, mode: str, i: int, barrier: Any,
             q: Any) -> None:
     """Client ``i`` of a run whose clients are numbered from ``first`` (its namespace, so every
     run writes new pages)."""
@@ -223,6 +238,7 @@ def _client(target: str, pages: int, rounds: int, first: int, i: int, barrier: A
 
     seed = first + i
     store = DaemonStore(target, b"\0" * 16)
+    assert mode == "shm" or store.peer_copy, "the daemon cannot copy this client's memory"
     ns = Namespace("bench", store.layout, f"client-{seed}")
     store.namespace_id = ns.id
     # a long-lived engine maps once and has written its staging rows before; so does the baseline
@@ -230,7 +246,7 @@ def _client(target: str, pages: int, rounds: int, first: int, i: int, barrier: A
     store.staging_tier().save_slab.fill(0)
     barrier.wait()
     t0 = time.perf_counter()
-    res = _workload(store, ns, pages, rounds, seed)
+    res = _workload(store, ns, pages, rounds, seed, mode)
     res["wall_s"] = time.perf_counter() - t0
     q.put(res)
     store.close()
@@ -263,25 +279,33 @@ def main(argv: list[str] | None = None) -> None:
         try:
             # baseline: the same calls and copies on an in-process store, alternated with the
             # one-client runs
-            base_runs, one_runs = [], []
-            for k in range(REPEATS):
-                base_runs += [_gbps(_spawn(_inproc_client, 1, layout_cfg, host_pages, pages,
-                                           rounds))]
-                one_runs += [_gbps(_spawn(_client, 1, daemon.target, pages, rounds, k))]
-            base_save, base_load = (float(np.median(x)) for x in zip(*base_runs))
+            base: dict[str, tuple[float, float]] = {}
+            one: dict[str, tuple[float, float]] = {}
+            for mi, mode in enumerate(MODES):
+                base_runs, one_runs = [], []
+                for k in range(REPEATS):
+                    base_runs += [_gbps(_spawn(_inproc_client, 1, layout_cfg, host_pages, pages,
+                                               rounds, mode))]
+                    one_runs += [_gbps(_spawn(_client, 1, daemon.target, pages, rounds,
+                                              100 * mi + k, mode))]
+                base[mode] = tuple(float(np.median(x)) for x in zip(*base_runs))  # type: ignore[assignment]
+                one[mode] = tuple(float(np.median(x)) for x in zip(*one_runs))  # type: ignore[assignment]
             for n in clients:
-                if n == 1:
-                    save, load = (float(np.median(x)) for x in zip(*one_runs))
-                else:
-                    save, load = _gbps(_spawn(_client, n, daemon.target, pages, rounds, 16 * n))
+                for mi, mode in enumerate(MODES):
+                    save, load = one[mode] if n == 1 else _gbps(_spawn(
+                        _client, n, daemon.target, pages, rounds, 16 * n + 100 * mi, mode))
+                    lines += [
+                        measurement("daemon", f"{n}-client", f"{mode} save", "throughput", save,
+                                    "GB/s", baseline="in-process store, 1 process",
+                                    baseline_value=base[mode][0]),
+                        measurement("daemon", f"{n}-client", f"{mode} load", "throughput", load,
+                                    "GB/s", baseline="in-process store, 1 process",
+                                    baseline_value=base[mode][1]),
+                    ]
                 lat = np.concatenate(_spawn(_lookup_client, n, looks.target, LOOKUP_RUNS)) * 1e3
                 p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
                 case = f"{n}-client"
                 lines += [
-                    measurement("daemon", case, "shm save", "throughput", save, "GB/s",
-                                baseline="in-process store, 1 process", baseline_value=base_save),
-                    measurement("daemon", case, "shm load", "throughput", load, "GB/s",
-                                baseline="in-process store, 1 process", baseline_value=base_load),
                     measurement("daemon", case, f"lookup {LOOKUP_KEYS} keys p50", "latency", p50,
                                 "ms", baseline="in-process lookup p50", baseline_value=base_p50,
                                 higher_is_better=False),
@@ -290,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
                                 higher_is_better=False),
                 ]
                 if n == 1:  # against the medium: the same copies into a shared mapping
+                    save, load = one["shm"]
                     lines += [
                         measurement("daemon", case, "shm save vs medium", "throughput", save,
                                     "GB/s", baseline="page copies into shared memory",
@@ -321,16 +346,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         emit_json(lines)
     else:
-        one = [m for m in lines if m.case == "1-client" and m.variant == "shm load"][0]
-        save1 = [m for m in lines if m.case == "1-client" and m.variant == "shm save"][0]
+        def first(variant: str) -> Any:
+            return [m for m in lines if m.case == "1-client" and m.variant == variant][0]
+
         tail = [m for m in lines if m.case == "1-client" and m.variant.endswith("p99")][0]
         print_table(
             ("case", "variant", "value", "unit", "baseline", "ratio"),
             [(m.case, m.variant, m.value, m.unit, m.baseline_value, m.ratio) for m in lines],
             title=f"bench.daemon: pages of {layout.page_bytes // 1024} KiB, {pages} per client "
                   f"and round, {rounds} rounds; {os.cpu_count()} cores",
-            headline=f"headline: 1 client saves at {save1.ratio:.2f} x and loads at "
-                     f"{one.ratio:.2f} x the in-process store (target >= 0.9); lookup p99 "
+            headline=f"headline: 1 client saves at {first('peer-copy save').ratio:.2f} x and "
+                     f"loads at {first('peer-copy load').ratio:.2f} x the in-process store by "
+                     f"peer copy (caller copies: {first('shm save').ratio:.2f} x / "
+                     f"{first('shm load').ratio:.2f} x; target >= 0.9); lookup p99 "
                      f"{tail.value:.3f} ms (target <= 1 ms)")
     if args.record:
         print(f"recorded {record('daemon', lines, command_line())}")

@@ -229,6 +229,11 @@ class DaemonConfig(Strict):
                               ge=1, le=64, description=(
         "threads that copy a large completed save from a staging area into the slab "
         "(default: half the cores this process may run on, at most 8)"))
+    peer_copy: bool = Field(True, description=(
+        "copy a same-node client's saves and loads of host-memory pages straight between its "
+        "memory and the slab (process_vm_readv / writev: one copy, on the copy threads) where "
+        "the kernel lets the daemon (same user, Yama scope <= 1); false, or where it does not: "
+        "saves go through the staging area"))
 
     @model_validator(mode="after")
     def _tcp_needs_token(self) -> DaemonConfig:

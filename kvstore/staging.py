@@ -4,6 +4,7 @@ staging tier's slab, and nothing of the store's internals."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,4 +61,17 @@ class StoreHandle:
         return len(self.metas)
 
 
-__all__ = ["LoadHandle", "StoreHandle"]
+def copy_in(handle: StoreHandle, pages: Sequence[np.ndarray]) -> None:
+    """Write ``pages[i]`` (byte views, :func:`kvstore.buffers.page_views`) into the slot of
+    ``handle.metas[i]``: what ``complete_store(pages=)`` does where no one copies for it."""
+    for slot, page in zip(handle.slots, pages, strict=True):
+        np.copyto(handle.slab[slot], page)
+
+
+def copy_out(handle: LoadHandle, pages: Sequence[np.ndarray]) -> None:
+    """Read the slot of ``handle.keys[i]`` into ``pages[i]``: ``complete_load(into=)``'s copy."""
+    for slot, page in zip(handle.slots, pages, strict=True):
+        np.copyto(page, handle.slab[slot])
+
+
+__all__ = ["LoadHandle", "StoreHandle", "copy_in", "copy_out"]

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
+from kvstore.buffers import page_views
 from kvstore.checks import check_metas, check_namespace
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta
@@ -19,7 +20,7 @@ from kvstore.metrics import Metrics
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy
 from kvstore.results import Lease, PutResult
-from kvstore.staging import LoadHandle, StoreHandle
+from kvstore.staging import LoadHandle, StoreHandle, copy_in, copy_out
 from kvstore.tiers.base import Tier, check_keys
 from kvstore.tiers.slab import SlabSlots
 
@@ -114,18 +115,25 @@ class StagingPath:
             self._loads[handle.id] = handle
         return handle
 
-    def complete_load(self, handle: LoadHandle) -> int:
-        """End a load: count its pages as read by the tier's policy, unpin the handle's slots
-        and release its lease (an expired lease is no error). Returns how many leading pages of
-        the handle were valid while pinned -- all of them: a pinned slot keeps its bytes.
-        Raises LeaseError for a handle that is unknown or already completed, InvalidArgument
-        for another store's handle."""
+    def complete_load(self, handle: LoadHandle, *, into: Any = None) -> int:
+        """End a load: with ``into`` (pages as :meth:`get` takes them, one per handle key)
+        first copy the handle's pages there; count its pages as read by the tier's policy,
+        unpin the handle's slots and release its lease (an expired lease is no error). Returns
+        how many leading pages of the handle were valid while pinned -- all of them: a pinned
+        slot keeps its bytes. Raises LeaseError for a handle that is unknown or already
+        completed, InvalidArgument for another store's handle or pages that do not fit it
+        (the handle stays open then)."""
         self._check_open()
+        self._check_handle(handle, "load")
+        views = None if into is None else page_views(into, self.layout, handle.num_blocks,
+                                                     writable=True)
         held = self._pop_handle(self._loads, handle, "load")
         # the policy learns of the hits here, not in prepare_load: that call stands between a
         # hit and its first copy (the pins kept the pages meanwhile); before the unpin, so they
         # become evictable as the most recently used
         try:
+            if views is not None:
+                copy_out(held, views)
             self._after_read(self._by_name[held.tier], list(held.keys), [])
         finally:  # the handle is gone: its pins must go with it
             cast(SlabSlots, self.tier(held.tier)).unpin(held.slots)
@@ -198,18 +206,30 @@ class StagingPath:
             self._stores[handle.id] = handle
         return handle
 
-    def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
-        """Publish the handle's slots under their keys (``ok``: every byte of each was written),
-        admit them to the tier's policy and apply write-through; with ``ok=False`` it is
-        :meth:`abort`. Returns what was stored; ``refused`` counts, as :meth:`put`'s does, pages
-        a tier below could not take under write-through. Raises LeaseError for a handle that is unknown
-        or already completed, InvalidArgument for another store's handle."""
+    def complete_store(self, handle: StoreHandle, ok: bool = True, *,
+                       pages: Any = None) -> PutResult:
+        """Publish the handle's slots under their keys (``ok``: every byte of each was written,
+        or ``pages`` -- as :meth:`put` takes them, one per ``handle.metas`` -- are copied into
+        them first), admit them to the tier's policy and apply write-through; with ``ok=False``
+        it is :meth:`abort`. Returns what was stored; ``refused`` counts, as :meth:`put`'s does,
+        pages a tier below could not take under write-through. Raises LeaseError for a handle
+        that is unknown or already completed, InvalidArgument for another store's handle or
+        pages that do not fit it (the handle stays open then)."""
         self._check_open()
         if not ok:
             self.abort(handle)
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
+        self._check_handle(handle, "store")
+        views = None if pages is None else page_views(pages, self.layout, handle.num_blocks,
+                                                      writable=False)
         held = self._pop_handle(self._stores, handle, "store")
         ti = self._by_name[held.tier]
+        if views is not None:  # the handle is ours alone now: no second complete writes these
+            try:
+                copy_in(held, views)
+            except BaseException:
+                self._unreserve(ti, held)
+                raise
         t = self.tiers[ti]
         cast(SlabSlots, t).publish(held.slots, held.metas)
         t.count_writes(held.num_blocks)
@@ -229,17 +249,22 @@ class StagingPath:
         LeaseError for a handle that is unknown or already completed."""
         self._check_open()
         held = self._pop_handle(self._stores, handle, "store")
-        ti = self._by_name[held.tier]
+        self._unreserve(self._by_name[held.tier], held)
+
+    def _unreserve(self, ti: int, held: StoreHandle) -> None:
         cast(SlabSlots, self.tiers[ti]).unreserve(held.slots)
         with self._lock:
             self._claimed[ti] -= held.num_blocks
             self._writing[ti].difference_update(m.key for m in held.metas)
 
-    def _pop_handle(self, table: dict[int, Any], handle: Any, kind: str) -> Any:
+    def _check_handle(self, handle: Any, kind: str) -> None:
         if not isinstance(handle, (LoadHandle, StoreHandle)):
             raise InvalidArgument(f"expected a {kind} handle, got {type(handle).__name__}")
         if handle.owner != self._leases.owner:
             raise InvalidArgument(f"{kind} handle {handle.id} was issued by another store")
+
+    def _pop_handle(self, table: dict[int, Any], handle: Any, kind: str) -> Any:
+        self._check_handle(handle, kind)
         with self._lock:
             held = table.pop(handle.id, None)
         if held is None:

@@ -54,10 +54,12 @@ import numpy as np
 
 from connector.daemon.errors import DaemonUnavailable, error_of, error_of_status
 from connector.daemon.lane import METHOD_NUMBER, Lane, LaneBusy, LaneRefused, map_segments
+from connector.daemon.peer_memory import segments
 from connector.daemon.shm import SharedSlab
 from connector.daemon.stream import CallStream, StreamEnded
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
+from kvstore.buffers import page_views
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, StoreClosed
 from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
@@ -66,7 +68,7 @@ from kvstore.namespace_labels import check_label
 from kvstore.namespace_stats import MAX_NAMESPACES, NamespaceCounters, NamespaceCounts
 from kvstore.record import WIRE, RecordMac, wire_fields
 from kvstore.results import Lease, LookupResult, PutResult
-from kvstore.staging import LoadHandle, StoreHandle
+from kvstore.staging import LoadHandle, StoreHandle, copy_in, copy_out
 from kvstore.tiers.base import check_keys
 
 log = logging.getLogger(__name__)
@@ -203,6 +205,8 @@ class DaemonStore:
         self._channel: grpc.Channel | None = None
         self._stream: Any = None
         self._slab: SharedSlab | None = None  # read-only
+        #: the process the daemon may copy to and from for this session (peer copy); 0: none
+        self._peer_pid = 0
         self._stage: SharedSlab | None = None  # this session's staging area
         self._reconnector: threading.Thread | None = None
         #: lookups go as messages of one open call (see _lookup_call), opened at the first
@@ -287,8 +291,12 @@ class DaemonStore:
         after a reconnect. A TCP session has none."""
         if not info.shm_socket:
             return
-        fds = map_segments(info.shm_socket, info.session_id, self.connect_timeout_s)
-        slab_fd, slab_bytes, stage_fd, stage_bytes, stage_rows = fds
+        m = map_segments(info.shm_socket, info.session_id, self.connect_timeout_s)
+        slab_fd, slab_bytes, stage_fd, stage_bytes, stage_rows = (
+            m.slab_fd, m.slab_bytes, m.staging_fd, m.staging_bytes, m.staging_rows)
+        # the daemon reads and writes this process (the pid it saw): a forked child must not
+        # name its addresses under this session
+        self._peer_pid = os.getpid() if m.peer_copy else 0
         try:
             if slab_bytes != info.shm_bytes or stage_rows != info.staging_pages:
                 raise DaemonUnavailable("the daemon's shared memory does not match its handshake")
@@ -796,17 +804,32 @@ class DaemonStore:
         return LoadHandle(r.handle_id, self.owner, self._staging, namespace_id, tuple(keys[:n]),
                           tuple(r.slots), lease, self._slab_view())
 
-    def complete_load(self, handle: LoadHandle) -> int:
+    @property
+    def peer_copy(self) -> bool:
+        """The daemon copies this process's pages itself (``complete_store(pages=)``,
+        ``complete_load(into=)``): one copy, on its copy threads."""
+        return self._peer_pid != 0 and self._peer_pid == os.getpid()
+
+    def complete_load(self, handle: LoadHandle, *, into: Any = None) -> int:
+        views = None if into is None else page_views(into, self.layout, handle.num_blocks,
+                                                     writable=True)
         if not handle.id:
             return 0
         with self._lock:
             self._open.discard(handle.id)
+        peer = views is not None and self.peer_copy
+        if views is not None and not peer:
+            copy_out(handle, views)
         req = pb.HandleRequest(session_id=self._session_id, namespace_id=handle.namespace_id,
-                               handle_id=handle.id)
+                               handle_id=handle.id,
+                               segments=segments(views).ravel().tolist() if peer else ())
         try:
             return int(self._call("CompleteLoad", req).num_blocks)
         except DaemonUnavailable:
-            # the copy ran against the old mapping, whose pinned pages nobody rewrote
+            # the copy ran (or runs now) against the old mapping, whose pinned pages nobody
+            # rewrote
+            if peer:
+                copy_out(handle, views)
             self._failed("complete_load")
             return handle.num_blocks
 
@@ -834,11 +857,18 @@ class DaemonStore:
                            tuple(metas[i] for i in r.block_index), tuple(r.slots), r.existing,
                            r.refused, self._staging_view())
 
-    def complete_store(self, handle: StoreHandle, ok: bool = True) -> PutResult:
+    def complete_store(self, handle: StoreHandle, ok: bool = True, *,
+                       pages: Any = None) -> PutResult:
+        views = None if pages is None or not ok else page_views(
+            pages, self.layout, handle.num_blocks, writable=False)
         if not handle.id:
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
+        peer = views is not None and self.peer_copy
+        if views is not None and not peer:
+            copy_in(handle, views)
         req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._end_store_handle(handle),
-                               handle_id=handle.id, ok=ok)
+                               handle_id=handle.id, ok=ok,
+                               segments=segments(views).ravel().tolist() if peer else ())
         try:
             r = self._call("CompleteStore", req)
         except DaemonUnavailable:

@@ -15,10 +15,13 @@ that session only (the session id a request carries is ignored); kind ``i + 1`` 
 status code number with a UTF-8 message, raised as the kvstore error the one mapping of
 :mod:`.errors` names.
 
-Shared memory: after its hello a connection may send a MAP frame (kind ``MAP``, empty
-payload). The reply is OK with ``SEGMENTS`` (slab bytes, staging bytes, staging rows: u64, u64,
-u64 LE) and, as ``SCM_RIGHTS`` ancillary data of the same message, two descriptors: the slab
-(sealed: it maps read-only) and the session's staging area (:mod:`.shm`). A daemon with its
+Shared memory: after its hello a connection may send a MAP frame (kind ``MAP``; payload empty,
+or ``PROBE``: the address of 16 random bytes in the client's memory and those bytes). The reply
+is OK with ``SEGMENTS`` (slab bytes, staging bytes, staging rows, flags: u64 LE each) and, as
+``SCM_RIGHTS`` ancillary data of the same message, two descriptors: the slab (sealed: it maps
+read-only) and the session's staging area (:mod:`.shm`). Flag ``PEER_COPY``: the daemon read the
+probe's bytes back from the process on the other end of the socket, so the session's saves and
+loads may name pages in the client's memory (:mod:`.peer_memory`). A daemon with its
 lane calls turned off (``daemon.lane = false``) still answers the hello and MAP on this socket.
 
 Who may connect: the socket is 0600 beside the gRPC socket, as that one is, and the hello must
@@ -43,9 +46,13 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from connector.daemon.errors import DaemonUnavailable, error_of_status
+from connector.daemon.peer_memory import allow_tracer, peer_pid
 from connector.proto import kvstore_daemon_pb2 as pb
 
 HEADER = struct.Struct("<IB")
@@ -59,8 +66,25 @@ METHOD_NUMBER = {name: i + 1 for i, name in enumerate(LANE_METHODS)}
 MAX_HELLO = 256
 #: request kind: send this session's shared-memory descriptors (outside the method numbers)
 MAP = 255
-#: the MAP reply's payload: slab bytes, staging bytes, staging rows
-SEGMENTS = struct.Struct("<QQQ")
+#: the MAP reply's payload: slab bytes, staging bytes, staging rows, flags
+SEGMENTS = struct.Struct("<QQQQ")
+#: a MAP request's payload that asks for peer copy: an address in the client and its 16 bytes
+PROBE = struct.Struct("<Q16s")
+#: SEGMENTS flag: the daemon may copy to and from this client's memory
+PEER_COPY = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """A session's shared memory as the lane handed it over (the caller owns the two fds)."""
+
+    slab_fd: int
+    slab_bytes: int
+    staging_fd: int
+    staging_bytes: int
+    staging_rows: int
+    #: the daemon may read and write this process's memory for the session (peer copy)
+    peer_copy: bool
 
 
 def message_types(name: str) -> tuple[Any, Any]:
@@ -136,12 +160,14 @@ def discard(sock: socket.socket, n: int) -> None:
         n -= k
 
 
-def map_segments(path: str, session_id: str, timeout_s: float) -> tuple[int, int, int, int, int]:
-    """Ask the daemon at ``path`` for session ``session_id``'s shared memory: (slab fd, slab
-    bytes, staging fd, staging bytes, staging rows). The caller owns (and closes) the two
-    descriptors. Raises the kvstore error the daemon answered; DaemonUnavailable when it did
-    not answer by ``timeout_s``."""
+def map_segments(path: str, session_id: str, timeout_s: float, *,
+                 peer_copy: bool = True) -> Mapping:
+    """Ask the daemon at ``path`` for session ``session_id``'s shared memory and, with
+    ``peer_copy``, whether it may copy to and from this process's memory (the probe). The
+    caller owns (and closes) the two descriptors. Raises the kvstore error the daemon answered;
+    DaemonUnavailable when it did not answer by ``timeout_s``."""
     fds: list[int] = []
+    probe = np.frombuffer(os.urandom(PROBE.size), np.uint8).copy()  # alive until the reply
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
             sock.settimeout(timeout_s)
@@ -149,7 +175,11 @@ def map_segments(path: str, session_id: str, timeout_s: float) -> tuple[int, int
             send_frame(sock, HELLO, session_id.encode())
             hello = recv_frame(sock, 1 << 16)
             if hello is not None and hello[0] == OK:
-                send_frame(sock, MAP, b"")
+                payload = b""
+                if peer_copy:
+                    allow_tracer(peer_pid(sock))
+                    payload = PROBE.pack(probe.ctypes.data, probe[:16].tobytes())
+                send_frame(sock, MAP, payload)
                 # the descriptors ride on the reply's first bytes: one recvmsg takes them
                 data, fds, _, _ = socket.recv_fds(sock, 1 << 12, 2)
                 if len(data) >= HEADER.size:
@@ -172,8 +202,8 @@ def map_segments(path: str, session_id: str, timeout_s: float) -> tuple[int, int
         if kind > 0 and len(data) >= HEADER.size:
             raise error_of_status(kind, bytes(data[HEADER.size:]).decode("utf-8", "replace"))
         raise DaemonUnavailable(f"the daemon's lane {path} sent no shared memory")
-    slab_bytes, staging_bytes, rows = SEGMENTS.unpack(data[HEADER.size:])
-    return fds[0], slab_bytes, fds[1], staging_bytes, rows
+    slab_bytes, staging_bytes, rows, flags = SEGMENTS.unpack(data[HEADER.size:])
+    return Mapping(fds[0], slab_bytes, fds[1], staging_bytes, rows, bool(flags & PEER_COPY))
 
 
 class LaneBusy(Exception):
@@ -277,5 +307,5 @@ class Lane:
 
 
 __all__ = ["HEADER", "FrameTooLarge", "HELLO", "LANE_METHODS", "Lane", "LaneBusy", "LaneRefused", "MAP",
-           "MAX_HELLO", "METHOD_NUMBER", "OK", "SEGMENTS", "discard", "map_segments",
+           "MAX_HELLO", "METHOD_NUMBER", "Mapping", "OK", "PEER_COPY", "PROBE", "SEGMENTS", "discard", "map_segments",
            "message_types", "recv_frame", "send_frame"]

@@ -226,16 +226,18 @@ class PrepareStoreReply(_message.Message):
     def __init__(self, handle_id: _Optional[int] = ..., block_index: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., existing: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
 
 class HandleRequest(_message.Message):
-    __slots__ = ("session_id", "namespace_id", "handle_id", "ok")
+    __slots__ = ("session_id", "namespace_id", "handle_id", "ok", "segments")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     HANDLE_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     namespace_id: bytes
     handle_id: int
     ok: bool
-    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., handle_id: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
+    segments: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., handle_id: _Optional[int] = ..., ok: _Optional[bool] = ..., segments: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CompleteLoadReply(_message.Message):
     __slots__ = ("num_blocks",)

@@ -160,7 +160,7 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     copy_pool = ThreadPoolExecutor(dcfg.copy_threads, thread_name_prefix="kvstore-copy")
     service = DaemonService(store, slab, limits=Limits(
         dcfg.max_keys_per_call, dcfg.max_handles_per_session, dcfg.max_sessions, quota,
-        staging_pages), copy_pool=copy_pool)
+        staging_pages), copy_pool=copy_pool, peer_copy=dcfg.peer_copy)
     stopping = threading.Event()
     lane_path = sock.with_name(sock.name + ".lane")
     servicer = Servicer(service, stopping, max_streams=dcfg.max_sessions,

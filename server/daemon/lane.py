@@ -29,12 +29,15 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from connector.daemon.errors import message_of, status_of
+from connector.daemon.peer_memory import peer_pid
 from connector.daemon.lane import (
     HELLO,
     LANE_METHODS,
     MAP,
     MAX_HELLO,
     OK,
+    PEER_COPY,
+    PROBE,
     SEGMENTS,
     FrameTooLarge,
     HEADER,
@@ -136,7 +139,7 @@ class LaneServer:
                                               f"session {session_id[:8]!r} is closed"))
                     return
                 if frame[0] == MAP:
-                    self._map(conn, session_id)
+                    self._map(conn, session_id, frame[1])
                 else:
                     send_frame(conn, *self._answer(session_id, *frame))
         except OSError:
@@ -167,14 +170,22 @@ class LaneServer:
         send_frame(conn, OK, b"")
         return session_id
 
-    def _map(self, conn: socket.socket, session_id: str) -> None:
-        """Reply with the slab's and the session's staging area's descriptors."""
+    def _map(self, conn: socket.socket, session_id: str, probe: bytearray) -> None:
+        """Reply with the slab's and the session's staging area's descriptors and, when the
+        request carries a probe the daemon reads back from the connected process, PEER_COPY."""
+        service = self.servicer.service
         try:
-            seg = self.servicer.service.segments(session_id)
+            seg = service.segments(session_id)
+            flags = 0
+            if len(probe) == PROBE.size:
+                address, expect = PROBE.unpack(bytes(probe))
+                if service.attach_peer(session_id, peer_pid(conn), address, expect):
+                    flags |= PEER_COPY
         except KVStoreError as exc:
             send_frame(conn, *_status(status_of(exc), message_of(exc)))
             return
-        payload = SEGMENTS.pack(seg.slab.nbytes, seg.staging.segment.nbytes, seg.staging.pages)
+        payload = SEGMENTS.pack(seg.slab.nbytes, seg.staging.segment.nbytes, seg.staging.pages,
+                                flags)
         header = HEADER.pack(len(payload), OK)
         socket.send_fds(conn, [header + payload], [seg.slab.fd, seg.staging.segment.fd])
 

@@ -27,6 +27,12 @@ its first :meth:`DaemonService.segments` call. A store handle's slots, as the cl
 are rows of that area; ``complete_store`` copies them into the slab slots the store reserved,
 then publishes. A session without one (TCP) saves through :meth:`write_pages`.
 
+Peer copy. A session whose client proved at MAP that the daemon may read and write its memory
+(:mod:`connector.daemon.peer_memory`; ``daemon.peer_copy``) may instead name where its pages
+are: ``complete_store`` reads them from the client's memory straight into the reserved slots,
+``complete_load`` writes the pinned pages into the client's memory before it unpins -- one
+copy each, split over the copy threads.
+
 Thread-safety: every method may be called from many threads; the session table and each
 session's records are guarded by one lock, never held during store I/O.
 """
@@ -54,6 +60,7 @@ from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
 from kvstore.tiers.base import Tier, check_keys
 from kvstore.tiers.slab import SlabSlots
+from connector.daemon.peer_memory import Peer, PeerMemoryError, probe
 from connector.daemon.shm import SharedSlab
 from server.daemon.events import CacheEvent, EventHub
 from server.daemon.staging_area import StagingArea
@@ -102,6 +109,8 @@ class Session:
     #: "being written": a later block of the prompt chains from them)
     completing: dict[int, tuple[bytes, StoreHandle]] = field(default_factory=dict)
     staging: StagingArea | None = None
+    #: the client process, where the daemon may copy to and from its memory (peer copy)
+    peer: Peer | None = None
     ended: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -122,13 +131,16 @@ class DaemonStats:
 
 class DaemonService:
     def __init__(self, store: TieredStore, slab: SharedSlab, *, limits: Limits = Limits(),
-                 events: EventHub | None = None, copy_pool: ThreadPoolExecutor | None = None) -> None:
+                 events: EventHub | None = None, copy_pool: ThreadPoolExecutor | None = None,
+                 peer_copy: bool = False) -> None:
         self.store = store
         self.staging = cast(Tier, store.staging_tier())
         self.slab = slab
         #: the slab as the staging tier's (P, page_bytes) rows: the daemon's writable mapping
         self._slab_rows = cast(SlabSlots, self.staging).slab
         self._copy_pool = copy_pool
+        self._copy_threads = max(1, getattr(copy_pool, "_max_workers", 1))
+        self.peer_copy = peer_copy
         self._staging_pages = min(limits.staging_pages or self.staging.capacity_pages,
                                   self.staging.capacity_pages)
         self.limits = limits
@@ -168,6 +180,54 @@ class DaemonService:
                                         self.store.layout.page_bytes, self._copy_pool)
             return Segments(self.slab, s.staging)
 
+    def attach_peer(self, session_id: str, pid: int, address: int, expect: bytes) -> bool:
+        """Let the session copy by peer copy if process ``pid`` (the kernel's word for who is on
+        the other end of its lane) reads back as holding ``expect`` at ``address``. Returns
+        whether it may."""
+        s = self._session(session_id)
+        if not self.peer_copy or not probe(pid, address, expect):
+            return False
+        try:
+            peer = Peer(pid)
+        except OSError:
+            return False  # it exited meanwhile
+        with self._lock:
+            old, s.peer = s.peer, peer
+            if s.id not in self._sessions:  # closed meanwhile: close_session missed this one
+                s.peer = None
+                old = peer
+        if old is not None:
+            old.close()
+        return s.peer is peer
+
+    def _peer_copy(self, s: Session, slots: Sequence[int], segments: np.ndarray, *,
+                   write: bool, what: str) -> None:
+        """Copy between slab ``slots`` and the (address, length) ``segments`` of the session's
+        client process: read into the slots, or with ``write`` from them."""
+        peer = s.peer
+        if peer is None:
+            raise InvalidArgument(f"{what} names pages in the client's memory, but this session "
+                                  "has no peer copy (its MAP probe failed, or daemon.peer_copy "
+                                  "is off)", hint="write the staging rows instead")
+        page = self.store.layout.page_bytes
+        want = len(slots) * page
+        if segments.ndim != 2 or segments.shape[1] != 2 or int(segments[:, 1].sum()) != want \
+                or (len(segments) and int(segments[:, 1].min()) == 0):
+            raise InvalidArgument(f"{what} names {len(segments)} memory segments of "
+                                  f"{int(segments[:, 1].sum()) if segments.ndim == 2 else 0} bytes "
+                                  f"for {len(slots)} pages of {page} bytes (none may be empty)")
+        base = self._slab_rows.__array_interface__["data"][0]
+        local = np.empty((len(slots), 2), np.uint64)
+        local[:, 0] = base + np.asarray(slots, np.uint64) * np.uint64(page)
+        local[:, 1] = page
+        try:
+            peer.transfer(local, segments, write=write, pool=self._copy_pool,
+                          threads=self._copy_threads)
+        except PeerMemoryError as exc:
+            raise InvalidArgument(f"{what}: the client's memory: {exc}",
+                                  hint="name memory of this process that stays mapped until "
+                                       "the call returns") from None
+
     def close_session(self, session_id: str) -> None:
         """End a session: complete its loads, abort its stores, release its leases. Idempotent."""
         with self._lock:
@@ -180,6 +240,9 @@ class DaemonService:
                 self._tickets.pop(lease_id, None)
             s.loads.clear(), s.stores.clear(), s.leases.clear(), s.staged.clear()
             staging, s.staging = s.staging, None
+            peer, s.peer = s.peer, None
+        if peer is not None:
+            peer.close()
         for _, h in loads:
             _quietly(self.store.complete_load, h)
         for _, sh in stores:
@@ -386,10 +449,18 @@ class DaemonService:
             raise
         return handle
 
-    def complete_load(self, session_id: str, ns: bytes, handle_id: int) -> int:
+    def complete_load(self, session_id: str, ns: bytes, handle_id: int,
+                      into: np.ndarray | None = None) -> int:
+        """End a load; with ``into`` (peer copy: segments of the client's memory) write its
+        pages there first. The handle ends either way."""
         s = self._session(session_id)
         handle = cast(LoadHandle, self._take(s, s.loads, handle_id, ns, "load handle"))
-        return self.store.complete_load(handle)
+        try:
+            if into is not None:
+                self._peer_copy(s, handle.slots, into, write=True, what="complete_load")
+        finally:
+            n = self.store.complete_load(handle)
+        return n
 
     # ----------------------------------------------------------------- stores
 
@@ -435,14 +506,18 @@ class DaemonService:
                 s.completing[handle_id] = (ns, handle)
             return handle, s.staged.pop(handle_id, [])
 
-    def complete_store(self, session_id: str, ns: bytes, handle_id: int, ok: bool) -> PutResult:
-        """Copy the handle's staging rows into its slab slots (``ok``), then publish."""
+    def complete_store(self, session_id: str, ns: bytes, handle_id: int, ok: bool,
+                       source: np.ndarray | None = None) -> PutResult:
+        """Copy the handle's staging rows -- or, with ``source`` (peer copy), the client's
+        memory segments -- into its slab slots (``ok``), then publish."""
         s = self._session(session_id)
         handle, rows = self._take_store(s, ns, handle_id, completing=True)
         staging = s.staging
         try:
             try:
-                if ok and rows:
+                if ok and source is not None:
+                    self._peer_copy(s, handle.slots, source, write=False, what="complete_store")
+                elif ok and rows:
                     assert staging is not None
                     staging.copy_into(self._slab_rows, rows, handle.slots)
             except BaseException:

@@ -62,6 +62,15 @@ def _tier(name: str) -> str | None:
     return name or None
 
 
+def _segments(flat: Any) -> np.ndarray | None:
+    """A request's (address, length) pairs of the client's memory (peer copy); None: none."""
+    if not len(flat):
+        return None
+    if len(flat) % 2:
+        raise InvalidArgument(f"segments holds {len(flat)} numbers: (address, length) pairs")
+    return np.array(flat, np.uint64).reshape(-1, 2)
+
+
 def _runs(tiers: tuple[str, ...]) -> list[Any]:
     """Per-block tiers as runs of one tier; a prompt held in one tier (the usual hit) in one
     C-speed count instead of a walk over every block."""
@@ -253,7 +262,8 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
 
     @_unary
     def CompleteLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
-        n = self.service.complete_load(request.session_id, request.namespace_id, request.handle_id)
+        n = self.service.complete_load(request.session_id, request.namespace_id, request.handle_id,
+                                       _segments(request.segments))
         return pb.CompleteLoadReply(num_blocks=n)
 
     @_unary
@@ -270,7 +280,7 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     @_unary
     def CompleteStore(self, request: Any, context: grpc.ServicerContext) -> Any:
         r = self.service.complete_store(request.session_id, request.namespace_id,
-                                        request.handle_id, request.ok)
+                                        request.handle_id, request.ok, _segments(request.segments))
         return pb.PutReply(stored=r.stored, existing=r.existing, refused=r.refused)
 
     @_unary

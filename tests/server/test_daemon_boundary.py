@@ -211,7 +211,8 @@ def test_quota_gets_resource_exhausted(guarded) -> None:  # noqa: ANN001
         stub = pb_grpc.KVStoreDaemonStub(ch)
         sess = stub.OpenSession(pb.OpenSessionRequest())
         sid = next(sess).session_id
-        for fd in map_segments(f"{guarded[0].socket}.lane", sid, 5.0)[0:3:2]:
+        mapped = map_segments(f"{guarded[0].socket}.lane", sid, 5.0)
+        for fd in (mapped.slab_fd, mapped.staging_fd):
             os.close(fd)  # the session's staging area exists now: saves have rows to go to
         blocks = [pb.Block(key=m.key, parent=m.parent, token_ids=m.token_ids) for m in metas]
         code, msg = _code(stub.PrepareStore, pb.PrepareStoreRequest(

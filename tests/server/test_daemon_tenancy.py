@@ -58,8 +58,8 @@ def _load(store: DaemonStore, ns: Namespace, keys: list[bytes]) -> np.ndarray:
 def _session_fds(daemon: DaemonProc, store: DaemonStore) -> tuple[int, int]:
     """This client's own descriptors of the slab and of its staging area, as the lane hands
     them to any client of the session."""
-    slab_fd, _, stage_fd, _, _ = map_segments(f"{daemon.socket}.lane", store._session_id, 5.0)
-    return slab_fd, stage_fd
+    mapped = map_segments(f"{daemon.socket}.lane", store._session_id, 5.0)
+    return mapped.slab_fd, mapped.staging_fd
 
 
 def _refused(fn) -> bool:  # noqa: ANN001
