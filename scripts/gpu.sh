@@ -43,5 +43,5 @@ for b in "${list[@]+"${list[@]}"}"; do
     python3 -m bench.$b --json --record 2>>"$OUT/bench-stderr.txt" | tee -a "$OUT/bench.jsonl" || rc=1
 done
 # only the results this call recorded (the device tool brings back a few files per call)
-find bench/results -name '*-h200.json' -newer "$OUT/recorded.txt" -exec cp {} "$OUT/" \;
+find bench/results -name '*-h[12]00.json' -newer "$OUT/recorded.txt" -exec cp {} "$OUT/" \;
 exit $rc

@@ -810,6 +810,13 @@ class DaemonStore:
         ``complete_load(into=)``): one copy, on its copy threads."""
         return self._peer_pid != 0 and self._peer_pid == os.getpid()
 
+    def _segments(self, views: list[np.ndarray] | None) -> list[int]:
+        """``views`` as the flat (address, length) list the daemon copies by; [] where this
+        client copies itself (no views, or no peer copy)."""
+        if views is None or not self.peer_copy:
+            return []
+        return [int(x) for x in segments(views).ravel()]
+
     def complete_load(self, handle: LoadHandle, *, into: Any = None) -> int:
         views = None if into is None else page_views(into, self.layout, handle.num_blocks,
                                                      writable=True)
@@ -817,18 +824,17 @@ class DaemonStore:
             return 0
         with self._lock:
             self._open.discard(handle.id)
-        peer = views is not None and self.peer_copy
-        if views is not None and not peer:
+        segs = self._segments(views)
+        if views is not None and not segs:
             copy_out(handle, views)
         req = pb.HandleRequest(session_id=self._session_id, namespace_id=handle.namespace_id,
-                               handle_id=handle.id,
-                               segments=segments(views).ravel().tolist() if peer else ())
+                               handle_id=handle.id, segments=segs)
         try:
             return int(self._call("CompleteLoad", req).num_blocks)
         except DaemonUnavailable:
             # the copy ran (or runs now) against the old mapping, whose pinned pages nobody
             # rewrote
-            if peer:
+            if views is not None and segs:
                 copy_out(handle, views)
             self._failed("complete_load")
             return handle.num_blocks
@@ -863,12 +869,11 @@ class DaemonStore:
             pages, self.layout, handle.num_blocks, writable=False)
         if not handle.id:
             return PutResult(0, handle.existing, handle.refused + handle.num_blocks)
-        peer = views is not None and self.peer_copy
-        if views is not None and not peer:
+        segs = self._segments(views)
+        if views is not None and not segs:
             copy_in(handle, views)
         req = pb.HandleRequest(session_id=self._session_id, namespace_id=self._end_store_handle(handle),
-                               handle_id=handle.id, ok=ok,
-                               segments=segments(views).ravel().tolist() if peer else ())
+                               handle_id=handle.id, ok=ok, segments=segs)
         try:
             r = self._call("CompleteStore", req)
         except DaemonUnavailable:

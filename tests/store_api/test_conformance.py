@@ -193,3 +193,68 @@ def test_a_released_lease_cannot_be_used_again(store: Any) -> None:
     store.release(found.lease)
     with pytest.raises(LeaseError):
         store.narrow(found.lease, 1)
+
+
+@pytest.fixture(params=["in-process", "daemon", "daemon-staging"])
+def copying_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A store that copies the caller's pages itself: in-process; over the daemon by peer copy
+    (it reads and writes this process's memory); and over a daemon with ``peer_copy = false``,
+    where the client copies through its staging rows."""
+    if request.param == "in-process":
+        s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, PAGES, pin_memory=False)])
+        yield s
+        s.close()
+        return
+    from connector.daemon import DaemonStore
+
+    peer = request.param == "daemon"
+    extra = "" if peer else "peer_copy = false"
+    with DaemonProc(write_config(tmp_path, host="1MiB", disk=None, extra_daemon=extra)) as d:
+        c = DaemonStore(d.target)
+        assert c.peer_copy is peer  # same user, no Yama restriction: the probe succeeds
+        yield c
+        c.close()
+
+
+def test_the_store_copies_the_callers_pages_both_ways(copying_store: Any) -> None:
+    store, ns = copying_store, _ns("copy")
+    metas = ns.chain(TOKENS).metas()
+    pages = np.stack([_page(m.key) for m in metas])
+    h = store.prepare_store(metas[:4])
+    r = store.complete_store(h, pages=pages[:4])
+    assert (r.stored, r.refused) == (4, 0)
+    # a batch of tensors-as-arrays, or one page at a time: both are pages as put() takes them
+    h = store.prepare_store(metas)
+    assert [m.key for m in h.metas] == [m.key for m in metas[4:]]
+    assert store.complete_store(h, pages=[pages[4], pages[5]]).stored == 2
+    found = store.lookup([m.key for m in metas], lease=True, namespace_id=ns.id)
+    lh = store.prepare_load(ns.id, [m.key for m in metas][: found.num_blocks], lease=found.lease)
+    out = np.zeros_like(pages)
+    assert store.complete_load(lh, into=out) == 6
+    assert np.array_equal(out, pages)  # exactly the bytes saved, in key order
+    assert _load(store, ns, tuple(m.key for m in metas)) == [True] * 6
+
+
+def test_pages_that_do_not_fit_the_handle_are_refused_and_change_nothing(copying_store: Any) -> None:
+    from kvstore.errors import InvalidArgument
+
+    store, ns = copying_store, _ns("misfit")
+    metas = ns.chain(TOKENS).metas()
+    pages = np.stack([_page(m.key) for m in metas])
+    h = store.prepare_store(metas)
+    with pytest.raises(InvalidArgument, match="5|6|page"):
+        store.complete_store(h, pages=pages[:5])  # one short
+    with pytest.raises(InvalidArgument):
+        store.complete_store(h, pages=pages[:, :-1])  # pages one byte short
+    # the handle is still open and still completes
+    assert store.complete_store(h, pages=pages).stored == 6
+    found = store.lookup([m.key for m in metas], lease=True, namespace_id=ns.id)
+    lh = store.prepare_load(ns.id, [m.key for m in metas], lease=found.lease)
+    with pytest.raises(InvalidArgument):
+        store.complete_load(lh, into=np.zeros((6, LAYOUT.page_bytes), np.uint8)[:, ::2])
+    read_only = np.zeros((6, LAYOUT.page_bytes), np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(InvalidArgument):
+        store.complete_load(lh, into=read_only)
+    out = np.zeros_like(pages)
+    assert store.complete_load(lh, into=out) == 6 and np.array_equal(out, pages)
