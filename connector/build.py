@@ -11,26 +11,25 @@ from kvstore.config import ConnectorConfig, KVStoreConfig
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
-from kvstore.store import TieredStore
-from kvstore.tiers.slab import SlabSlots
+from kvstore.api import StoreAPI
 
 if TYPE_CHECKING:
     from connector.daemon import DaemonStore
 
 
-def build_worker(conn: ConnectorConfig, store: TieredStore | DaemonStore, host_tier: str, *,
+def build_worker(conn: ConnectorConfig, store: StoreAPI, host_tier: str, *,
                  cpu_inline: bool = False) -> InProcessWorker:
     """The worker side over ``store`` (embedded or the daemon), staging through ``host_tier``,
     with ``conn``'s prefetch and layer-wise settings; ``cpu_inline`` as for
     :class:`InProcessWorker`."""
-    return InProcessWorker(store, host_tier=host_tier,  # type: ignore[arg-type]
+    return InProcessWorker(store, host_tier=host_tier,
                            prefetch_policy=conn.prefetch_policy,
                            prefetch_timeout_s=conn.prefetch_timeout_s, layerwise=conn.layerwise,
                            cpu_inline=cpu_inline)
 
 
 def build_connector(
-    cfg: KVStoreConfig, store: TieredStore, *, num_blocks: int, namespace: Namespace | None = None
+    cfg: KVStoreConfig, store: StoreAPI, *, num_blocks: int, namespace: Namespace | None = None
 ) -> tuple[InProcessScheduler, InProcessWorker]:
     """Both sides of the in-process connector over ``store`` (built from ``cfg``) for an engine
     whose KV cache has ``num_blocks`` blocks, with ``cfg.connector``'s settings. ``namespace``:
@@ -45,16 +44,17 @@ def build_connector(
     )
 
 
-def staging_host(conn: ConnectorConfig, store: TieredStore) -> str:
+def staging_host(conn: ConnectorConfig, store: StoreAPI) -> str:
     """The host tier the connector stages through: ``conn.host_tier``, else the store's first
     tier of page slots. Raises InvalidArgument when the store has none."""
-    host = conn.host_tier or next(
-        (t.name for t in store.tiers if isinstance(t, SlabSlots)), None)
-    if host is None:
+    if conn.host_tier:
+        return conn.host_tier
+    try:
+        return store.staging_tier().name
+    except InvalidArgument:
         raise InvalidArgument(
             "the connector needs a host tier to stage loads through; this store has none",
-            hint="add a tier of kind 'host' to tiers")
-    return host
+            hint="add a tier of kind 'host' to tiers") from None
 
 
 def connect_daemon(target: str, layout: KVLayout, *, token: str | None = None,

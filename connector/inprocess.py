@@ -1,8 +1,9 @@
-"""The in-process connector: both sides over a :class:`~kvstore.store.TieredStore` that lives in
-the engine process. Every load and save goes through the store's staging path
-(``prepare_load``/``complete_load``, ``prepare_store``/``complete_store``/``abort``) on its
-staging tier -- a tier with page slots in one slab (:class:`~kvstore.tiers.slab.SlabSlots`, the
-host tier) -- so the tier's policy, counters and leases see every hit and every save.
+"""The connector's two sides over any store of the one face (:class:`~kvstore.api.StoreAPI`): an
+in-process :class:`~kvstore.store.TieredStore` or a client of the sidecar daemon. Every load and
+save goes through the store's staging path (``prepare_load``/``complete_load``,
+``prepare_store``/``complete_store``/``abort``) on its staging tier -- the tier with page slots
+in one slab (the host tier, :meth:`~kvstore.api.StoreAPI.staging_tier`) -- so the tier's
+policy, counters and leases see every hit and every save.
 
 Loads (worker side, one thread per bound load)::
 
@@ -86,24 +87,22 @@ from connector.base import (
 )
 from connector.failure_log import FailureLog
 from connector.transfer import CopyFn, LayerTransfer, SaveBuffer, make_transfer
+from kvstore.api import StagingSlab, StoreAPI
+from kvstore.checks import check_keys
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta, CheckedKeys, Namespace, chain_keys, token_bytes
 from kvstore.ops import copy_spans
 from kvstore.results import Lease, LookupResult
 from kvstore.staging import LoadHandle, StoreHandle
-from kvstore.store import TieredStore
-from kvstore.tiers.base import check_keys
-from kvstore.tiers.hbm_owner import OwnedPool
-from kvstore.tiers.slab import SlabSlots
 
 log = logging.getLogger("kvstore.connector")
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
 PREFETCH_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
 
-def _host_index(store: TieredStore, host_tier: str) -> int:
+def _host_index(store: StoreAPI, host_tier: str) -> int:
     tier = store.staging_tier(host_tier)  # raises InvalidArgument naming the problem
-    return store.tiers.index(tier)  # type: ignore[arg-type]
+    return store.tier_names.index(tier.name)
 
 
 def _first_block(tiers: Sequence[str], wanted: Callable[[str], bool]) -> int:
@@ -174,7 +173,7 @@ class InProcessScheduler(KVConnectorScheduler):
 
     def __init__(
         self,
-        store: TieredStore,
+        store: StoreAPI,
         namespace: Namespace,
         *,
         num_blocks: int,
@@ -203,7 +202,8 @@ class InProcessScheduler(KVConnectorScheduler):
             ["decision"],
         )
         self._host = _host_index(store, host_tier)
-        self._rank = {t.name: i for i, t in enumerate(store.tiers)}
+        self._staging = store.staging_tier(host_tier)
+        self._rank = {name: i for i, name in enumerate(store.tier_names)}
         self._matches: dict[str, _Match] = {}
         self._pending: dict[str, _Pending] = {}
         self.pending_answers = 0  # "not known yet" answers given (remote lookups in flight)
@@ -435,7 +435,7 @@ class InProcessScheduler(KVConnectorScheduler):
                 )
         # pages host holds already are not saved again (prepare_store would skip them too; this
         # spares the worker a handle and the engine a transfer)
-        held = self.store.tiers[self._host].contains([m.key for m in metas]) if metas else []
+        held = self._staging.contains([m.key for m in metas]) if metas else []
         keep = [i for i, h in enumerate(held) if not h]
         if keep:
             self._saves.append(SaveSpec(
@@ -467,8 +467,7 @@ class InProcessScheduler(KVConnectorScheduler):
     def wants_saves(self) -> bool:
         # under write-through a store copies the commits of an engine pool it owns down itself;
         # a store without the engine's pool (the daemon's) needs every save
-        return self.store.write_policy != "write_through" or not any(
-            isinstance(t, OwnedPool) for t in self.store.tiers)
+        return not self.store.commits_pool_itself
 
     def close(self) -> None:
         for rid in list(self._matches) + list(self._pending):
@@ -560,7 +559,7 @@ class InProcessWorker(KVConnectorWorker):
 
     def __init__(
         self,
-        store: TieredStore,
+        store: StoreAPI,
         *,
         host_tier: str = "host",
         load_timeout_s: float = 5.0,
@@ -584,7 +583,7 @@ class InProcessWorker(KVConnectorWorker):
         layout = store.layout
         self.layout = layout
         self._host_name = host_tier
-        self._host: SlabSlots = store.staging_tier(host_tier)
+        self._host: StagingSlab = store.staging_tier(host_tier)
         self._layer_bytes = layout.page_bytes // layout.num_layers
         self.load_timeout_s = load_timeout_s if prefetch_timeout_s is None else prefetch_timeout_s
         self.prefetch_policy = prefetch_policy
@@ -774,7 +773,7 @@ class InProcessWorker(KVConnectorWorker):
             # without waiting, prepare_load pins the leading run host holds, a miss ends it;
             # pages the lookup found in host are there still (the lease): not asked again (over
             # the daemon a round trip, on the engine thread of a CPU engine)
-            first_missing = (self.store.tier(self._host_name).count_leading(keys)
+            first_missing = (self._host.count_leading(keys)
                              if may_wait and spec.in_host < n else n)
             usable = n
             if first_missing < n:

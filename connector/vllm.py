@@ -320,7 +320,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         entry = self._scheds.get(ns.id)
         if entry is None:
             entry = self._scheds[ns.id] = (rank, InProcessScheduler(
-                self._engine.store_for(ns.id), ns,  # type: ignore[arg-type]
+                self._engine.store_for(ns.id), ns,
                 num_blocks=self._engine.num_blocks, host_tier=self._host,
                 async_below_host=not self._engine.cpu_inline))
         return entry[1]

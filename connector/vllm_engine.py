@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from connector.base import ConnectorStats
 from connector.build import build_worker, connect_daemon, staging_host
 from connector.inprocess import InProcessWorker
+from kvstore.api import StoreAPI
 from kvstore.build import build_store
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import ConfigError, InvalidArgument
@@ -37,7 +38,7 @@ from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 
 if TYPE_CHECKING:
-    from connector.daemon import DaemonNamespace, DaemonStore
+    from connector.daemon import DaemonStore
 
 #: ``kv_connector_extra_config`` keys that are not kvstore configuration fields.
 OWN_KEYS = frozenset({"config_file", "daemon", "token"})
@@ -213,7 +214,7 @@ class EngineState:
         self.skipped: Counter[str] = Counter()
         self.users = 0
 
-    def store_for(self, namespace_id: bytes) -> TieredStore | DaemonNamespace:
+    def store_for(self, namespace_id: bytes) -> StoreAPI:
         """The store a scheduler of namespace ``namespace_id`` runs over."""
         if self.daemon is not None:
             return self.daemon.scoped(namespace_id)

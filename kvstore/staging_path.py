@@ -10,8 +10,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
+from kvstore.api import StagingSlab
 from kvstore.buffers import page_views
-from kvstore.checks import check_metas, check_namespace
+from kvstore.checks import check_keys, check_metas, check_namespace
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
@@ -21,7 +22,7 @@ from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy
 from kvstore.results import Lease, PutResult
 from kvstore.staging import LoadHandle, StoreHandle, copy_in, copy_out
-from kvstore.tiers.base import Tier, check_keys
+from kvstore.tiers.base import Tier
 from kvstore.tiers.slab import SlabSlots
 
 
@@ -50,10 +51,14 @@ class StagingPath:
     _after_read: Callable[[int, list[bytes], list[bytes]], None]
     _store_into: Callable[..., PutResult]
 
-    def staging_tier(self, name: str | None = None) -> SlabSlots:
+    def staging_tier(self, name: str | None = None) -> StagingSlab:
         """The tier loads and saves stage through: ``name``, or the fastest tier with page slots
         in one slab (the host tier). Raises InvalidArgument if there is none or ``name`` is
         another kind of tier."""
+        return cast(StagingSlab, self._slab_tier(name))
+
+    def _slab_tier(self, name: str | None = None) -> SlabSlots:
+        """:meth:`staging_tier` as the tier itself, with the slot calls the store makes."""
         self._check_open()
         if name is None:
             for tier in self.tiers:
@@ -101,7 +106,7 @@ class StagingPath:
         if lease is not None and (not isinstance(lease, Lease) or lease.owner != self._leases.owner):
             raise InvalidArgument("prepare_load was given another store's lease",
                                   hint="pass the lease of this store's lookup")
-        slab_tier = self.staging_tier(tier)
+        slab_tier = self._slab_tier(tier)
         t = cast(Tier, slab_tier)
         slots = slab_tier.pin_leading(list(keys), namespace_id)
         n = len(slots)
@@ -168,7 +173,7 @@ class StagingPath:
         if len({m.namespace_id for m in metas}) > 1:
             raise InvalidArgument("one prepare_store call takes blocks of one namespace",
                                   hint="call prepare_store once per namespace")
-        slab_tier = self.staging_tier(tier)
+        slab_tier = self._slab_tier(tier)
         t = cast(Tier, slab_tier)
         ti = self._by_name[t.name]
         policy = self.policies[ti]

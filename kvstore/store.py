@@ -48,9 +48,10 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from kvstore.api import StoreAPI
 from kvstore.bandwidth import BandwidthMeter
 from kvstore.buffers import aligned_pages, page_views
-from kvstore.checks import check_count, check_metas, check_namespace
+from kvstore.checks import check_count, check_keys, check_metas, check_namespace
 from kvstore.errors import InvalidArgument, LeaseError, StoreClosed
 from kvstore.events import Listener, Listeners
 from kvstore.keys import BlockMeta
@@ -64,7 +65,7 @@ from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.staging_path import StagingPath
-from kvstore.tiers.base import MissTally, Tier, check_keys
+from kvstore.tiers.base import MissTally, Tier
 from kvstore.tiers.hbm_owner import OwnedPool
 
 log = logging.getLogger("kvstore.store")
@@ -281,18 +282,31 @@ class TieredStore(StagingPath):
         self.namespace_labels.set(namespace_id, check_label(label))
 
     @property
+    def tier_names(self) -> tuple[str, ...]:
+        """The tiers' names, fastest first."""
+        return tuple(t.name for t in self.tiers)
+
+    @property
+    def commits_pool_itself(self) -> bool:
+        """Write-through over an engine pool this store owns: the store copies the pool's
+        committed pages down itself, so a connector need not save them."""
+        return self.write_policy == "write_through" and any(
+            isinstance(t, OwnedPool) for t in self.tiers)
+
+    @property
     def has_remote_tiers(self) -> bool:
         """Whether some tier is shared over the network (a lookup of it may wait on a server)."""
         return any(t.shared for t in self.tiers)
 
-    def release(self, lease: Lease | int) -> None:
+    def release(self, lease: Lease | int, *, namespace_id: bytes | None = None) -> None:
         """Unpin a lease's pages. Raises LeaseError for an expired, released or unknown lease
-        and InvalidArgument for another store's lease; neither changes anything."""
+        and InvalidArgument for another store's lease; neither changes anything.
+        (``namespace_id``: the face's; a lease of this store is its caller's alone.)"""
         self._check_open()
         with self._lock:
             self._leases.release(lease)
 
-    def narrow(self, lease: Lease, n: int) -> Lease:
+    def narrow(self, lease: Lease, n: int, *, namespace_id: bytes | None = None) -> Lease:
         """Keep only the first ``n`` keys of ``lease`` pinned (a caller that will load fewer
         pages than it looked up must not keep the rest from eviction). Returns the narrowed
         lease (same id and expiry). Raises LeaseError for an expired or unknown lease."""
@@ -679,11 +693,20 @@ class TieredStore(StagingPath):
             self._count_reads_of(ns, 0, 0, tally)
         return target.count_leading(keys)
 
-    def delete(self, keys: Sequence[bytes]) -> int:
-        """Remove keys from every tier. Returns how many tier copies were deleted."""
+    def delete(self, keys: Sequence[bytes], *, namespace_id: bytes | None = None) -> int:
+        """Remove keys from every tier. Returns how many tier copies were deleted. With
+        ``namespace_id``, a key a local tier holds under another namespace is refused
+        (InvalidArgument) and nothing is deleted: one tenant cannot delete another's pages."""
         self._check_open()
         check_keys(keys)
         keys = list(keys)
+        if namespace_id is not None:
+            check_namespace(namespace_id)
+            for k in keys:
+                holder = self.namespace_of(k)
+                if holder is not None and holder != namespace_id:
+                    raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
+                                          "nothing was deleted")
         n = 0
         shared = []
         removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
@@ -715,6 +738,16 @@ class TieredStore(StagingPath):
 
     def remove_listener(self, listener: Listener) -> None:
         self._listeners.remove(listener)
+
+    def namespace_of(self, key: bytes) -> bytes | None:
+        """The namespace a local tier holds ``key`` under, or None (shared tiers are not asked:
+        that would be a network call)."""
+        for t in self.tiers:
+            if not t.shared:
+                meta = t.meta(key)
+                if meta is not None:
+                    return meta.namespace_id
+        return None
 
     def _namespaces_of(self, tier: Tier, keys: Sequence[bytes]) -> list[bytes | None]:
         """The namespace of each of ``keys`` in ``tier`` when someone listens and the tier can
@@ -876,3 +909,7 @@ class _PoolOwner:
 def _scratch(n: int, page_bytes: int) -> list[np.ndarray]:
     # 4 KiB aligned, so copies through a disk tier need no bounce buffer
     return list(aligned_pages(n, page_bytes))
+
+
+#: the face, checked by mypy: TieredStore is a StoreAPI
+_FACE: type[StoreAPI] = TieredStore

@@ -687,9 +687,8 @@ def _daemon_connector(target: str, token: str | None, namespace: Namespace, num_
     try:
         staging = remote.staging_tier().name
         return (remote,
-                InProcessScheduler(remote, namespace, num_blocks=num_blocks,  # type: ignore[arg-type]
-                                   host_tier=staging),
-                InProcessWorker(remote, host_tier=staging,  # type: ignore[arg-type]
+                InProcessScheduler(remote, namespace, num_blocks=num_blocks, host_tier=staging),
+                InProcessWorker(remote, host_tier=staging,
                                 prefetch_policy=prefetch_policy,  # type: ignore[arg-type]
                                 prefetch_timeout_s=prefetch_timeout_s, layerwise=layerwise))
     except BaseException:

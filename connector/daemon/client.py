@@ -59,6 +59,8 @@ from connector.daemon.shm import SharedSlab
 from connector.daemon.stream import CallStream, StreamEnded
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
+from kvstore.checks import check_keys
+from kvstore.api import StoreAPI
 from kvstore.buffers import page_views
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, StoreClosed
 from kvstore.keys import BlockMeta, pack_keys
@@ -69,7 +71,6 @@ from kvstore.namespace_stats import MAX_NAMESPACES, NamespaceCounters, Namespace
 from kvstore.record import WIRE, RecordMac, wire_fields
 from kvstore.results import Lease, LookupResult, PutResult
 from kvstore.staging import LoadHandle, StoreHandle, copy_in, copy_out
-from kvstore.tiers.base import check_keys
 
 log = logging.getLogger(__name__)
 #: cudaHostRegisterReadOnly: the slab is mapped read-only, and CUDA only reads it
@@ -510,6 +511,14 @@ class DaemonStore:
             raise InvalidArgument(f"tier {name!r} is not the daemon's staging tier",
                                   hint=f"the daemon stages through {self._staging!r}")
         return tier
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tiers)
+
+    @property
+    def commits_pool_itself(self) -> bool:
+        return False  # the engine's pool is not the daemon's: every save is the connector's
 
     def tier(self, name: str) -> RemoteTier:
         for t in self.tiers:
@@ -1096,8 +1105,8 @@ class DaemonNamespace:
                      namespace_id: bytes | None = None) -> Future[LookupResult]:
         return self.client.lookup_async(keys, lease=lease, namespace_id=self._own(namespace_id))
 
-    def delete(self, keys: Sequence[bytes]) -> int:
-        return self.client.delete(keys, namespace_id=self.namespace_id)
+    def delete(self, keys: Sequence[bytes], *, namespace_id: bytes | None = None) -> int:
+        return self.client.delete(keys, namespace_id=self._own(namespace_id))
 
     def close(self) -> None:
         pass
@@ -1112,5 +1121,8 @@ def _check_ns(namespace_id: object) -> bytes:
                               hint="pass Namespace.id")
     return namespace_id
 
+
+#: the face, checked by mypy: DaemonStore is a StoreAPI
+_FACE: type[StoreAPI] = DaemonStore
 
 __all__ = ["DaemonNamespace", "DaemonStats", "DaemonStore", "DaemonTierStats", "RemoteTier"]

@@ -30,10 +30,11 @@ name a live session, which only the client holding its session stream knows. TCP
 
 Failure: a call that finds its connection broken, or gets no reply by its deadline (the daemon
 died, stopped, or is stalled), raises DaemonUnavailable and drops the connection (a late reply
-would answer the next call). A lane the daemon refuses (none served, too many connections, an
-unknown session) raises :class:`LaneRefused`; all of a client's connections busy, or a hello
-not answered in time, raises :class:`LaneBusy`. Either way the caller makes the call over gRPC
-(after a refusal, every later call of the session).
+would answer the next call). A lane the daemon refuses (none served, an unknown session)
+raises :class:`LaneRefused`; all of a client's connections busy, a hello not answered in time,
+or a daemon at its connection limit (for ``FULL_BACKOFF_S``, then the lane is tried again)
+raises :class:`LaneBusy`. Either way the caller makes the call over gRPC (after a refusal,
+every later call of the session).
 
 Thread-safety: :class:`Lane` is shared by a client's threads; each call takes a connection of
 its own (up to ``max_connections``).
@@ -64,6 +65,11 @@ LANE_METHODS = ("Lookup", "Release", "Narrow", "Contains", "PrepareLoad", "Compl
 METHOD_NUMBER = {name: i + 1 for i, name in enumerate(LANE_METHODS)}
 #: the longest hello (a session id) a daemon reads
 MAX_HELLO = 256
+#: seconds a client makes its calls over gRPC after the daemon's lane refused a connection for
+#: being at its limit (then it tries the lane again)
+FULL_BACKOFF_S = 1.0
+#: the status a daemon refuses a connection with at its limit (RESOURCE_EXHAUSTED)
+_FULL = 8
 #: request kind: send this session's shared-memory descriptors (outside the method numbers)
 MAP = 255
 #: the MAP reply's payload: slab bytes, staging bytes, staging rows, flags
@@ -186,6 +192,7 @@ def map_segments(path: str, session_id: str, timeout_s: float, *,
                     want = HEADER.size + min(HEADER.unpack(data[: HEADER.size])[0], 1 << 12)
                     if len(data) < want:
                         data += _recv_exact(sock, want - len(data)) or b""
+                _close_handshake(sock)
             else:
                 data, fds = b"", []
         except (OSError, FrameTooLarge) as exc:
@@ -204,6 +211,18 @@ def map_segments(path: str, session_id: str, timeout_s: float, *,
         raise DaemonUnavailable(f"the daemon's lane {path} sent no shared memory")
     slab_bytes, staging_bytes, rows, flags = SEGMENTS.unpack(data[HEADER.size:])
     return Mapping(fds[0], slab_bytes, fds[1], staging_bytes, rows, bool(flags & PEER_COPY))
+
+
+def _close_handshake(sock: socket.socket) -> None:
+    """End a connection and wait until the daemon has ended its side too: it frees the
+    connection's slot before it closes, so a lane call right after this one finds the slot free
+    (with a daemon at its connection limit, the session's first call would be refused)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass  # gone already, or slow: the slot frees when the daemon reads the end
 
 
 class LaneBusy(Exception):
@@ -227,6 +246,7 @@ class Lane:
         self._idle: list[socket.socket] = []
         self._open = 0  # connections open, idle or in a call
         self._closed = False
+        self._full_until = 0.0  # monotonic: the daemon had no connection to spare until then
 
     def call(self, name: str, request: Any, timeout_s: float) -> Any:
         """The reply to ``request`` (a message of method ``name``, one of LANE_METHODS).
@@ -254,6 +274,8 @@ class Lane:
                 raise LaneRefused("the lane was closed")
             if self._idle:
                 return self._idle.pop()
+            if time.monotonic() < self._full_until:
+                raise LaneBusy("the daemon's lane was full a moment ago")
             if self._open >= self.max_connections:
                 raise LaneBusy(f"all {self.max_connections} lane connections are in calls")
             self._open += 1
@@ -280,6 +302,10 @@ class Lane:
         if frame is None or frame[0] != OK:
             sock.close()
             why = "it closed the connection" if frame is None else frame[1].decode("utf-8", "replace")
+            if frame is not None and frame[0] == _FULL:  # other clients' connections: it passes
+                with self._lock:
+                    self._full_until = time.monotonic() + FULL_BACKOFF_S
+                raise LaneBusy(f"the daemon's lane is full: {why}")
             raise LaneRefused(f"the daemon refused the lane: {why}")
         return sock
 

@@ -43,7 +43,8 @@ from typing import ClassVar
 import numpy as np
 
 from kvstore.errors import InvalidArgument, StoreClosed, TierUnavailable
-from kvstore.keys import KEY_BYTES, BlockMeta, CheckedKeys
+from kvstore.checks import check_keys
+from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics, TierStats
 
@@ -355,24 +356,3 @@ class Tier(ABC):
                 raise InvalidArgument(f"page buffer {i} is not contiguous")
             if writable and not buf.flags.writeable:
                 raise InvalidArgument(f"page buffer {i} is read-only; reads need writable buffers")
-
-
-def check_keys(keys: Sequence[bytes]) -> None:
-    # Two C-speed passes instead of a Python loop: lookups of 2K-key prompts are hot (counting
-    # in a list is ~40 % cheaper than building a set of the types and one of the lengths).
-    if type(keys) is CheckedKeys:
-        return
-    if isinstance(keys, (bytes, str)):
-        raise InvalidArgument("keys must be a sequence of 16-byte keys, not a single key")
-    if not isinstance(keys, (list, tuple)):
-        raise InvalidArgument(
-            f"keys must be a list or tuple of 16-byte keys, got {type(keys).__name__}",
-            hint="pass BlockChain.keys (a generator can be read only once: make it a list)",
-        )
-    n = len(keys)
-    if list(map(type, keys)).count(bytes) != n or list(map(len, keys)).count(KEY_BYTES) != n:
-        bad = next(k for k in keys if type(k) is not bytes or len(k) != KEY_BYTES)
-        raise InvalidArgument(
-            f"block keys must be {KEY_BYTES}-byte bytes, got {bad!r:.60}",
-            hint="compute keys with Namespace.chain()",
-        )

@@ -61,7 +61,8 @@ from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.ops import copy_rows, copy_spans
-from kvstore.tiers.base import Tier, check_keys
+from kvstore.checks import check_keys
+from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm_owner import OwnedPool, PoolOwner
 from kvstore.tiers.slots import SlotReads
 

@@ -51,6 +51,7 @@ from typing import cast
 
 import numpy as np
 
+from kvstore.checks import check_keys
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, TierUnavailable
 from kvstore.events import StoreEvent
 from kvstore.keys import KEY_BYTES, BlockMeta, unpack_keys
@@ -58,7 +59,7 @@ from kvstore.namespace_labels import check_label
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
-from kvstore.tiers.base import Tier, check_keys
+from kvstore.tiers.base import Tier
 from kvstore.tiers.slab import SlabSlots
 from connector.daemon.peer_memory import Peer, PeerMemoryError, probe
 from connector.daemon.shm import SharedSlab
@@ -328,16 +329,6 @@ class DaemonService:
         check_keys(keys)
         return keys
 
-    def _holder(self, key: bytes) -> bytes | None:
-        """The namespace a local tier holds ``key`` under, or None."""
-        for t in self.store.tiers:
-            if t.shared:
-                continue
-            meta = t.meta(key)
-            if meta is not None:
-                return meta.namespace_id
-        return None
-
     def _writing_under(self, ns: bytes) -> set[bytes]:
         with self._lock:
             return {m.key for s in self._sessions.values()
@@ -351,11 +342,11 @@ class DaemonService:
         ok, seen, dropped = [], {ns}, 0
         writing: set[bytes] | None = None
         for m in metas:
-            holder = self._holder(m.key)
+            holder = self.store.namespace_of(m.key)
             if holder is not None and holder != ns:
                 raise InvalidArgument(f"block {m.key.hex()} is held under another namespace")
             if m.parent not in seen:
-                holder = self._holder(m.parent)
+                holder = self.store.namespace_of(m.parent)
                 if holder is not None and holder != ns:
                     raise InvalidArgument(
                         f"block {m.key.hex()} chains from a block of another namespace")
@@ -570,12 +561,7 @@ class DaemonService:
 
     def delete(self, ns: bytes, keys: Sequence[bytes]) -> int:
         keys = self._keys(ns, keys)
-        for k in keys:
-            holder = self._holder(k)
-            if holder is not None and holder != ns:
-                raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
-                                      "nothing was deleted")
-        n = self.store.delete(keys)
+        n = self.store.delete(keys, namespace_id=ns)
         for t in self.store.tiers:  # the store cannot tell a shared tier's namespaces: we can
             if t.shared:
                 self.events.publish(CacheEvent(ns, "removed", t.name, tuple(keys)))

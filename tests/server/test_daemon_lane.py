@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import stat
+import time
 from pathlib import Path
 
 import grpc
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from connector.daemon import DaemonStore
-from connector.daemon.lane import HELLO, METHOD_NUMBER, OK, recv_frame, send_frame
+from connector.daemon.lane import FULL_BACKOFF_S, HELLO, METHOD_NUMBER, OK, recv_frame, send_frame
 from connector.proto import kvstore_daemon_pb2 as pb
 from kvstore import KVLayout, Namespace
 from kvstore.keys import pack_keys
@@ -138,13 +139,18 @@ def test_a_hello_without_a_live_session_is_refused(daemon: DaemonProc) -> None:
 
 def test_past_the_connection_limit_the_client_uses_grpc(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, extra_daemon="lane_connections = 1")
-    with DaemonProc(cfg) as daemon, DaemonStore(daemon.target, NS.id) as a, \
-            DaemonStore(daemon.target, OTHER.id) as b:
-        _round_trip(a, NS, 3)  # a holds the one lane connection
-        _round_trip(b, OTHER, 4)  # b is refused it: gRPC, the same answers
-        assert a.calls["lane"] == 5 and a.calls["grpc"] == 0
-        assert b.calls["lane"] == 0 and b.calls["grpc"] == 5
-        assert b._lane is None  # refused once: not asked again this session
+    with DaemonProc(cfg) as daemon, DaemonStore(daemon.target, OTHER.id) as b:
+        with DaemonStore(daemon.target, NS.id) as a:
+            _round_trip(a, NS, 3)  # a holds the one lane connection
+            _round_trip(b, OTHER, 4)  # b is refused it: gRPC, the same answers
+            assert a.calls["lane"] == 5 and a.calls["grpc"] == 0
+            assert b.calls["lane"] == 0 and b.calls["grpc"] == 5
+        # a full lane is a passing state, not a verdict: once a's connection is gone and the
+        # back-off has passed, b's calls take the lane
+        time.sleep(FULL_BACKOFF_S + 0.2)
+        assert b._lane is not None
+        b.lookup(OTHER.chain(list(range(32))).keys)
+        assert b.calls["lane"] == 1
 
 
 @pytest.mark.parametrize("lane", [False, True], ids=["daemon-without-lane", "client-without-lane"])

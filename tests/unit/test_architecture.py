@@ -74,6 +74,16 @@ def test_tiers_know_nothing_of_policies() -> None:
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+def test_the_connector_reaches_no_tier() -> None:
+    """The connector takes a store of the one face (kvstore.api.StoreAPI) and nothing below it:
+    no module of connector/ imports kvstore.tiers, with no exception."""
+    bad = {
+        str(p.relative_to(ROOT)): sorted(m for m in _module_imports(p) if m.startswith("kvstore.tiers"))
+        for p in (ROOT / "connector").rglob("*.py")
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
 #: what the runtime may take from kvstore.tiers: its own pool, the tier seam, and the host tier
 #: its demo stages through; disk and Redis reach it only through configuration (kvstore.build)
 RUNTIME_TIERS = {"kvstore.tiers.base", "kvstore.tiers.hbm", "kvstore.tiers.hbm_owner",
