@@ -42,6 +42,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, cast
@@ -67,6 +68,7 @@ from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.staging_path import StagingPath
 from kvstore.tiers.base import MissTally, Tier
 from kvstore.tiers.hbm_owner import OwnedPool
+from kvstore.tiers.slab import SlabSlots
 
 log = logging.getLogger("kvstore.store")
 
@@ -128,6 +130,10 @@ class TieredStore(StagingPath):
         self._hits: list[dict[bytes, int]] = [{} for _ in tiers]
         self._claimed = [0] * len(tiers)  # room claimed by writers that have not published yet
         self._retiring: list[set[bytes]] = [set() for _ in tiers]  # chosen, not yet deleted
+        #: keys a tier is deleting outside the lock (untracked already; counted per delete in
+        #: flight), and how many such deletes run (see _begin_delete)
+        self._deleting: list[Counter[bytes]] = [Counter() for _ in tiers]
+        self._deletes_in_flight = 0
         #: bumped (lock held) whenever a page leaves a tier's policy or retiring set, and only
         #: once the tier has deleted it (same hold of the lock): a leased lookup reads it before
         #: asking the tiers, and one that sees no bump when it leases skips re-checking its run
@@ -206,7 +212,7 @@ class TieredStore(StagingPath):
                 # the lock a local tier's policy tracks exactly its pages (retiring victims
                 # included), and from the grant on no eviction takes them. No page left any
                 # policy since the tiers were asked: every page found is still there.
-                if self._removals != removals:
+                if self._removals != removals or self._deletes_in_flight:
                     pos = self._still_held(keys, runs, pos)
                 granted = self._leases.grant(keys[:pos]) if pos else None
         if len(runs) == 1:  # the usual hit, in one tier: one C-speed repeat
@@ -352,9 +358,13 @@ class TieredStore(StagingPath):
         present = tier.contains([m.key for m in metas]) if metas else []
         new_m, new_v = [], []
         seen: set[bytes] = set()
+        busy = 0  # pages of keys the tier is deleting now: refused (a write could land first)
         with self._lock:
-            writing = self._writing[ti]
+            writing, deleting = self._writing[ti], self._deleting[ti]
             for meta, view, here in zip(metas, views, present):
+                if deleting and meta.key in deleting:
+                    busy += 1
+                    continue
                 if here or meta.key in seen or meta.key in writing:
                     policy.access(meta.key)
                     continue
@@ -373,11 +383,11 @@ class TieredStore(StagingPath):
         ok_m = [m for m, ok in zip(write_m, stored) if ok]
         ok_v = [v for v, ok in zip(write_v, stored) if ok]
         self._admit(ti, ok_m)
-        refused = len(new_m) - len(ok_m)
+        refused = len(new_m) - len(ok_m) + busy
         if self.write_policy == "write_through" and ok_m and ti + 1 < len(self.tiers):
             self.metrics.copies.labels("write_through", self.tiers[ti + 1].name).inc(len(ok_m))
             refused += self._store_into(ti + 1, ok_m, ok_v).refused
-        return PutResult(len(ok_m), len(metas) - len(new_m), refused)
+        return PutResult(len(ok_m), len(metas) - len(new_m) - busy, refused)
 
     def _admit(self, ti: int, metas: Sequence[BlockMeta]) -> None:
         """Track pages just written to tier ``ti`` (their room was claimed)."""
@@ -389,6 +399,9 @@ class TieredStore(StagingPath):
                 # an eviction may have taken a page between its write and now: track only what
                 # the tier still holds (a local index check)
                 metas = [m for m, held in zip(metas, tier.contains([m.key for m in metas])) if held]
+                deleting = self._deleting[ti]
+                if deleting:  # a delete in flight may still remove it: _end_delete decides
+                    metas = [m for m in metas if m.key not in deleting]
             for meta in metas:
                 if meta.key in policy:
                     policy.access(meta.key)
@@ -407,7 +420,7 @@ class TieredStore(StagingPath):
             return [], 0
         tier, policy = self.tiers[ti], self.policies[ti]
         claimed, retiring = self._claimed[ti], self._retiring[ti]
-        need = max(claimed + n - tier.free_pages - len(retiring),
+        need = max(claimed + n - tier.free_pages - len(retiring) - len(self._deleting[ti]),
                    len(policy) + claimed + n - policy.capacity)
         victims: list[bytes] = []
         if need > 0:
@@ -462,16 +475,61 @@ class TieredStore(StagingPath):
             give_up = min(spared, claim)
             self._claimed[ti] -= give_up
             spaces = self._namespaces_of(tier, gone)
-            if not tier.shared:
+            slow = bool(gone) and self._deletes_slowly(tier)
+            if slow:
+                self._begin_delete(ti, gone)
+            elif gone and not tier.shared:
                 tier.delete(gone)
             # after the delete, never before it: see _removals
             self._removals += 1
+        if slow:
+            self._delete_off_lock(ti, gone)
         if tier.shared:  # network I/O: outside the lock (its policy is a budget, see above)
             tier.delete(gone)
         tier.count_eviction(len(gone))
         if self._listeners:
             self._listeners.emit("removed", tier.name, gone, spaces)
         return claim - give_up
+
+    @staticmethod
+    def _deletes_slowly(tier: Tier) -> bool:
+        """A local tier whose delete is I/O (a disk index transaction that may wait on an
+        fsync): it runs outside the lock. A slab tier's delete is an in-memory index update and
+        stays under it (its staging path relies on that)."""
+        return not tier.shared and not isinstance(tier, SlabSlots)
+
+    def _begin_delete(self, ti: int, keys: Sequence[bytes]) -> None:
+        """Mark ``keys`` (untracked already) as being deleted from tier ``ti`` outside the lock
+        (lock held): until :meth:`_end_delete`, writers refuse them, admissions skip them, and a
+        leased lookup re-checks its run (a page found there is not leased: it is going)."""
+        self._deleting[ti].update(keys)
+        self._deletes_in_flight += 1
+        self._removals += 1
+
+    def _delete_off_lock(self, ti: int, keys: Sequence[bytes]) -> int:
+        tier = self.tiers[ti]
+        try:
+            return tier.delete(keys)
+        finally:
+            with self._lock:
+                self._end_delete(ti, keys)
+
+    def _end_delete(self, ti: int, keys: Sequence[bytes]) -> None:
+        """The delete of ``keys`` from tier ``ti`` ended (lock held). A key a writer wrote
+        after the delete ran is the tier's again: tracked, as its admission would have."""
+        deleting, tier, policy = self._deleting[ti], self.tiers[ti], self.policies[ti]
+        deleting.subtract(keys)
+        done = [k for k in dict.fromkeys(keys) if deleting[k] <= 0]
+        for k in done:
+            del deleting[k]
+        self._deletes_in_flight -= 1
+        self._removals += 1  # after the delete: see _removals
+        back = [k for k, here in zip(done, tier.contains(done)) if here] if done else []
+        for k in back:
+            if k not in policy and k not in self._retiring[ti] and \
+                    len(policy) + self._claimed[ti] < policy.capacity:
+                meta = tier.meta(k)
+                policy.insert(k, meta.parent if meta else None)
 
     def _copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
         """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present."""
@@ -607,7 +665,9 @@ class TieredStore(StagingPath):
                 untracked: list[bytes] = []
                 policy.access_many(hit_keys)
             else:
-                untracked = [k for k in hit_keys if k not in policy and k not in retiring]
+                deleting = self._deleting[ti]
+                untracked = [k for k in hit_keys
+                             if k not in policy and k not in retiring and k not in deleting]
                 if untracked and not tier.shared:
                     untracked = [k for k, here in zip(untracked, tier.contains(untracked)) if here]
                 policy.access_many([k for k in hit_keys if k in policy])
@@ -708,7 +768,7 @@ class TieredStore(StagingPath):
                     raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
                                           "nothing was deleted")
         n = 0
-        shared = []
+        shared, slow = [], []
         removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
         with self._lock:
             for ti, tier in enumerate(self.tiers):
@@ -721,8 +781,14 @@ class TieredStore(StagingPath):
                 if self._listeners:  # which of them it held, and whose they were
                     held = [k for k, here in zip(keys, tier.contains(keys)) if here]
                     removed.append((tier.name, held, self._namespaces_of(tier, held)))
-                n += tier.delete(keys)  # local index updates, under the lock: policy == tier
+                if self._deletes_slowly(tier):
+                    self._begin_delete(ti, keys)
+                    slow.append(ti)
+                else:
+                    n += tier.delete(keys)  # an in-memory index update: policy == tier
             self._removals += 1  # after the deletes (see _removals)
+        for ti in slow:  # I/O outside the lock
+            n += self._delete_off_lock(ti, keys)
         for tier in shared:  # network I/O outside the lock
             n += tier.delete(keys)
             removed.append((tier.name, keys, [None] * len(keys)))
@@ -826,6 +892,7 @@ class TieredStore(StagingPath):
                 assert len(policy) <= policy.capacity, f"{tier.name}: policy over capacity"
                 assert tier.used_pages <= tier.capacity_pages, f"{tier.name}: over capacity"
                 assert not self._retiring[ti], f"{tier.name}: victims left retiring"
+                assert not self._deleting[ti], f"{tier.name}: deletes left in flight"
                 if tier.shared:
                     continue  # other nodes delete its pages; the policy learns on the next read
                 tracked = cast("list[bytes]", list(policy))

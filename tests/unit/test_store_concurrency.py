@@ -1,6 +1,6 @@
 """Eight threads of mixed store operations at once -- puts, gets, leased lookups followed by
-leased loads, evictions, prefetches, staging loads and saves -- over two host tiers under
-write-back and promotion. Afterwards ``check_integrity`` holds (every policy tracks exactly
+leased loads, evictions, prefetches, staging loads and saves -- over two host tiers, or a host tier
+over a disk tier (whose deletes run outside the store lock), under write-back and promotion. Afterwards ``check_integrity`` holds (every policy tracks exactly
 what its tier holds), no read returned wrong bytes, and no page a lease pinned went missing
 before its load. Bounded in CI; ``-m slow`` runs it for a minute."""
 
@@ -10,12 +10,14 @@ import random
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvstore import KVLayout, Metrics, Namespace, TieredStore
 from kvstore.errors import LeaseError
+from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.host import HostTier
 from tests.store_ops import page_of, put_or_get
 
@@ -61,9 +63,11 @@ def worker(store: TieredStore, seed: int, deadline: float, tally: Counter[str]) 
         tally["ops"] += 1
 
 
-def hammer(seconds: float) -> Counter[str]:
+def hammer(seconds: float, disk: Path | None = None) -> Counter[str]:
     m = Metrics()
-    store = TieredStore(LAYOUT, [HostTier("fast", LAYOUT, 12, m), HostTier("slow", LAYOUT, 30, m)],
+    slow = (HostTier("slow", LAYOUT, 30, m) if disk is None else
+            DiskTier("slow", LAYOUT, 30, m, path=disk, durability="none", preallocate=False))
+    store = TieredStore(LAYOUT, [HostTier("fast", LAYOUT, 12, m), slow],
                         ["lru", "s3fifo"], write_policy="write_back", lease_ttl_s=60.0)
     tally: Counter[str] = Counter()
     errors: list[BaseException] = []
@@ -94,8 +98,9 @@ def hammer(seconds: float) -> Counter[str]:
     return tally
 
 
-def test_eight_threads_keep_the_store_consistent() -> None:
-    tally = hammer(4.0)
+@pytest.mark.parametrize("lower", ["host", "disk"])
+def test_eight_threads_keep_the_store_consistent(lower: str, tmp_path: Path) -> None:
+    tally = hammer(4.0, tmp_path / "disk" if lower == "disk" else None)
     assert tally["ops"] > 200 and tally["leased"] > 0
     assert (tally["wrong"], tally["lost"]) == (0, 0)
 
