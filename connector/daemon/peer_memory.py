@@ -31,8 +31,9 @@ import os
 import select
 import socket
 import struct
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -162,12 +163,18 @@ def probe(pid: int, address: int, expect: bytes) -> bool:
 
 
 class Peer:
-    """A client process the daemon may copy to and from: its pid and a pidfd that tells
-    whether that process still lives."""
+    """A client process the daemon may copy to and from: its pid, a pidfd that tells whether
+    that process still lives, and copy threads of its own (up to ``threads``, started on
+    demand): a copy the client's memory stalls -- a mapping of a file on a hung FUSE server
+    blocks the kernel's read -- holds only this client's threads, never the daemon's shared
+    ones, and only this client's calls wait."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, threads: int = 1) -> None:
         self.pid = pid
+        self.threads = max(1, threads)
         self._fd = os.pidfd_open(pid)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def alive(self) -> bool:
         """The process behind the pid has not exited (a pidfd turns readable when it does)."""
@@ -176,14 +183,25 @@ class Peer:
         except (OSError, ValueError):
             return False
 
-    def transfer(self, local: np.ndarray, remote: np.ndarray, *, write: bool,
-                 pool: Executor | None = None, threads: int = 1) -> None:
-        """:func:`transfer` with the peer, checked afterwards to be the same live process."""
-        transfer(self.pid, local, remote, write=write, pool=pool, threads=threads)
+    def transfer(self, local: np.ndarray, remote: np.ndarray, *, write: bool) -> None:
+        """:func:`transfer` with the peer on its own threads, checked afterwards to be the same
+        live process."""
+        pool = None
+        if self.threads > 1:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kvstore-peer")
+                pool = self._pool
+        transfer(self.pid, local, remote, write=write, pool=pool, threads=self.threads)
         if not self.alive():
             raise PeerMemoryError(errno.ESRCH, f"process {self.pid} exited during the copy")
 
     def close(self) -> None:
+        """Drop the pidfd and the threads (a copy still running ends on its own)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         try:
             os.close(self._fd)
         except OSError:

@@ -98,6 +98,11 @@ class Segments:
     staging: StagingArea
 
 
+#: the most memory segments a peer copy may name per page and layer (a page spread over its
+#: layers' K and V tensors is 2 per layer; more is a caller splitting pages for no reason)
+_SEGMENTS_PER_PAGE = 4
+
+
 @dataclass(eq=False)
 class Session:
     id: str
@@ -189,7 +194,7 @@ class DaemonService:
         if not self.peer_copy or not probe(pid, address, expect):
             return False
         try:
-            peer = Peer(pid)
+            peer = Peer(pid, self._copy_threads)
         except OSError:
             return False  # it exited meanwhile
         with self._lock:
@@ -212,6 +217,11 @@ class DaemonService:
                                   "is off)", hint="write the staging rows instead")
         page = self.store.layout.page_bytes
         want = len(slots) * page
+        most = len(slots) * _SEGMENTS_PER_PAGE * self.store.layout.num_layers
+        if len(segments) > most:
+            raise InvalidArgument(f"{what} names {len(segments)} memory segments for "
+                                  f"{len(slots)} pages; at most {most} are taken",
+                                  hint="name whole pages, or one piece per layer's K and V")
         if segments.ndim != 2 or segments.shape[1] != 2 or int(segments[:, 1].sum()) != want \
                 or (len(segments) and int(segments[:, 1].min()) == 0):
             raise InvalidArgument(f"{what} names {len(segments)} memory segments of "
@@ -222,8 +232,7 @@ class DaemonService:
         local[:, 0] = base + np.asarray(slots, np.uint64) * np.uint64(page)
         local[:, 1] = page
         try:
-            peer.transfer(local, segments, write=write, pool=self._copy_pool,
-                          threads=self._copy_threads)
+            peer.transfer(local, segments, write=write)
         except PeerMemoryError as exc:
             raise InvalidArgument(f"{what}: the client's memory: {exc}",
                                   hint="name memory of this process that stays mapped until "

@@ -173,7 +173,9 @@ def test_bad_segments_are_refused_and_publish_nothing(daemon: DaemonProc) -> Non
                 ([4096, size], "memory"),              # not mapped in this process
                 ([base, size - 1], "segments"),         # a byte short
                 ([base, size, 0], "pairs"),             # not (address, length) pairs
-                ([base, 0, base, size], "segments")):   # an empty segment
+                ([base, 0, base, size], "segments"),    # an empty segment
+                ([x for i in range(2 * 4 * LAYOUT.num_layers + 1)  # more pieces than pages need
+                  for x in (base + i, 1)], "at most")):
             handle, keys = _prepare(stub, sid, 2)
             assert says in _complete(stub, sid, handle, segs)
             assert _held(daemon, keys) == 0
