@@ -218,6 +218,7 @@ def _close_handshake(sock: socket.socket) -> None:
     connection's slot before it closes, so a lane call right after this one finds the slot free
     (with a daemon at its connection limit, the session's first call would be refused)."""
     try:
+        sock.settimeout(min(sock.gettimeout() or 1.0, 1.0))  # a stalled daemon costs 1 s at most
         sock.shutdown(socket.SHUT_WR)
         while sock.recv(4096):
             pass
