@@ -614,3 +614,19 @@ def test_the_scheduler_labels_its_namespace_with_the_store(host_store: TieredSto
     ns = Namespace("some/model", host_store.layout, "t1")
     InProcessScheduler(host_store, ns, num_blocks=NUM_BLOCKS)
     assert host_store.namespace_labels.snapshot() == {ns.id: "some/model · tenant t1"}
+
+
+def test_a_partial_hit_is_answered_at_once_by_a_store_without_remote_tiers(
+        host_store: TieredStore, ns: Namespace, clock: FakeClock) -> None:
+    """Only a store with a shared (network) tier defers a partial hit to a background lookup
+    (answering "not known yet"); one without answers in the same call. (The connector read the
+    in-process store's ``has_remote_tiers`` method, not its value: every partial hit took a
+    background lookup and an engine step's delay.)"""
+    rig = Rig(host_store, ns, clock)
+    tokens = tokens_for(N, rig.layout.block_size, seed=11)
+    rig.fill([0, 1])
+    rig.save("w", tokens, [0, 1])  # the first 2 of N blocks
+    rig.wait_sent("w")
+    m = rig.sched.get_num_new_matched_tokens("r", tokens, 0)
+    assert m.num_tokens == 2 * rig.layout.block_size
+    assert rig.sched.pending_answers == 0
