@@ -79,6 +79,8 @@ class HostTier(SlotReads, SlabSlots, Tier):
         #: counts in one C loop
         self._readers: Counter[int] = Counter()
         self._zombies: set[int] = set()  # unlinked slots still being read
+        #: namespace -> pages the index holds under it (a quota's question, answered in O(1))
+        self._per_namespace: Counter[bytes] = Counter()
         self._free = list(range(capacity_pages - 1, -1, -1))
         copy_choice()  # measured now, once per process, rather than in the first put's time
 
@@ -134,9 +136,11 @@ class HostTier(SlotReads, SlabSlots, Tier):
             for slot, meta in zip(slots, metas):
                 old = self._index.get(meta.key)
                 self._index[meta.key] = slot
-                self._metas[slot] = meta
                 if old is not None:
+                    self._uncount(old)
                     self._release(old)
+                self._metas[slot] = meta
+                self._per_namespace[meta.namespace_id] += 1
         self._update_occupancy()
 
     def unreserve(self, slots: Sequence[int]) -> None:
@@ -168,6 +172,7 @@ class HostTier(SlotReads, SlabSlots, Tier):
             for key in keys:
                 slot = self._index.pop(key, None)
                 if slot is not None:
+                    self._uncount(slot)
                     self._release(slot)
                     n += 1
         return n
@@ -176,7 +181,20 @@ class HostTier(SlotReads, SlabSlots, Tier):
         # reserved and still-read (zombie) slots hold room too: what is not free is used
         return self.capacity_pages - len(self._free)
 
+    def pages_of(self, namespace_id: bytes) -> int:
+        """How many pages the tier holds under ``namespace_id`` (reserved slots not counted)."""
+        with self._lock:
+            return self._per_namespace.get(namespace_id, 0)
+
     # ----------------------------------------------------------------- slot bookkeeping (locked)
+
+    def _uncount(self, slot: int) -> None:
+        meta = self._metas[slot]
+        if meta is not None:
+            ns = meta.namespace_id
+            self._per_namespace[ns] -= 1
+            if self._per_namespace[ns] <= 0:
+                del self._per_namespace[ns]
 
     def _release(self, slot: int) -> None:
         if self._readers[slot]:

@@ -78,5 +78,10 @@ class SlabSlots(ABC):
     def unreserve(self, slots: Sequence[int]) -> None:
         """Give reserved slots back unpublished."""
 
+    @abstractmethod
+    def pages_of(self, namespace_id: bytes) -> int:
+        """How many published pages the tier holds under ``namespace_id``, exactly and at once
+        (a per-namespace quota asks this on every save)."""
+
 
 __all__ = ["SlabSlots"]

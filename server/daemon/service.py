@@ -373,8 +373,8 @@ class DaemonService:
         if quota is None:
             return
         t = self.staging
-        held = sum(1 for k in list(t.keys()) if (m := t.meta(k)) is not None and m.namespace_id == ns)
-        held += len(self._writing_under(ns))
+        # the tier counts its pages per namespace: no scan of every page it holds per save
+        held = cast(SlabSlots, t).pages_of(ns) + len(self._writing_under(ns))
         present = t.contains([m.key for m in metas]) if metas else []
         new = sum(1 for p in present if not p)
         if held + new > quota:

@@ -49,3 +49,24 @@ def test_pinned_slot_keeps_its_bytes_until_the_last_reader_leaves(layout: KVLayo
     assert (host.slab[second[0]] == 9).all()  # its bytes held for the last reader
     host.unpin(second)
     assert host.used_pages == 0
+
+
+def test_pages_per_namespace_are_counted_exactly(layout: KVLayout) -> None:
+    """``pages_of`` (a quota's question) follows writes, replacements, deletes and pinned
+    deletes, namespace by namespace."""
+    host = HostTier("host", layout, 16, pin_memory=False)
+    a, b = Namespace("m", layout, "a"), Namespace("m", layout, "b")
+    B = layout.block_size
+    ka = _put(host, a, list(range(5 * B)), 1)
+    kb = _put(host, b, list(range(3 * B)), 2)
+    assert (host.pages_of(a.id), host.pages_of(b.id)) == (5, 3)
+    _put(host, a, list(range(5 * B)), 9)  # the same keys again: replaced, not added
+    assert host.pages_of(a.id) == 5
+    slots = host.pin_leading(ka[:2], a.id)
+    host.delete(ka[:3])  # two of them pinned: unlinked now, freed later
+    assert host.pages_of(a.id) == 2
+    host.unpin(slots)
+    assert host.pages_of(a.id) == 2 and host.pages_of(b.id) == 3
+    host.delete(kb + ka)
+    assert (host.pages_of(a.id), host.pages_of(b.id)) == (0, 0)
+    assert host.pages_of(b"\x00" * 16) == 0
