@@ -826,7 +826,16 @@ class DaemonStore:
             return []
         return [int(x) for x in segments(views).ravel()]
 
+    def _own_handle(self, handle: LoadHandle | StoreHandle) -> None:
+        """Before a copy for ``handle``: it is one of this client's (another's rows are not
+        this client's to write)."""
+        if not isinstance(handle, (LoadHandle, StoreHandle)) or handle.owner != self.owner:
+            raise InvalidArgument("the handle was issued by another store",
+                                  hint="complete a handle on the store that prepared it")
+
     def complete_load(self, handle: LoadHandle, *, into: Any = None) -> int:
+        if into is not None:
+            self._own_handle(handle)
         views = None if into is None else page_views(into, self.layout, handle.num_blocks,
                                                      writable=True)
         if not handle.id:
@@ -874,6 +883,8 @@ class DaemonStore:
 
     def complete_store(self, handle: StoreHandle, ok: bool = True, *,
                        pages: Any = None) -> PutResult:
+        if pages is not None:
+            self._own_handle(handle)
         views = None if pages is None or not ok else page_views(
             pages, self.layout, handle.num_blocks, writable=False)
         if not handle.id:

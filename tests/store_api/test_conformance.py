@@ -258,3 +258,19 @@ def test_pages_that_do_not_fit_the_handle_are_refused_and_change_nothing(copying
         store.complete_load(lh, into=read_only)
     out = np.zeros_like(pages)
     assert store.complete_load(lh, into=out) == 6 and np.array_equal(out, pages)
+
+
+def test_pages_for_another_stores_handle_are_refused(copying_store: Any) -> None:
+    from kvstore.errors import InvalidArgument
+
+    store, ns = copying_store, _ns("foreign")
+    other = TieredStore(LAYOUT, [HostTier("host", LAYOUT, PAGES, pin_memory=False)])
+    try:
+        metas = ns.chain(TOKENS).metas()
+        h = other.prepare_store(metas)
+        pages = np.stack([_page(m.key) for m in metas])
+        with pytest.raises(InvalidArgument, match="another store"):
+            store.complete_store(h, pages=pages)
+        assert other.complete_store(h).stored == 6  # still open on its own store
+    finally:
+        other.close()
