@@ -7,11 +7,14 @@ each is refused with INVALID_ARGUMENT, publishes nothing, and the daemon keeps s
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -195,3 +198,71 @@ def test_bad_segments_are_refused_and_publish_nothing(daemon: DaemonProc) -> Non
         out = np.zeros_like(pages)
         assert s.complete_load(lh, into=out) == 2 and np.array_equal(out, pages)
         assert s.stats().open_store_handles == 0
+
+
+_SAVER = """
+import sys, numpy as np
+from connector.daemon import DaemonStore
+from kvstore import KVLayout, Namespace
+from tests.server.daemon_proc import TINY_LAYOUT
+layout = KVLayout(**TINY_LAYOUT)
+ns = Namespace("model", layout, "peer-faults")
+with DaemonStore(sys.argv[1], ns.id) as store:
+    assert store.peer_copy
+    i = 0
+    while True:
+        metas = ns.chain([(i * 97 + j) % 30000 for j in range(16 * 8)]).metas()
+        h = store.prepare_store(metas)
+        pages = [np.frombuffer(m.key * (layout.page_bytes // 16), np.uint8) for m in h.metas]
+        store.complete_store(h, pages=pages)
+        print(i, flush=True)
+        i += 1
+"""
+
+
+def _page_of(key: bytes) -> np.ndarray:
+    return np.frombuffer(key * (LAYOUT.page_bytes // 16), np.uint8)
+
+
+def test_clients_killed_and_stopped_mid_copy_leave_no_handle_and_no_wrong_page(
+        daemon: DaemonProc) -> None:
+    """Peer-copy savers SIGSTOPped and SIGKILLed while the daemon reads their memory: the
+    daemon serves on, holds no handle of theirs, and every page it holds reads back as exactly
+    the page its key names."""
+    ns = Namespace("model", LAYOUT, "peer-faults")
+    root = str(Path(__file__).parents[2])
+    saved = 0
+    for round_ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _SAVER, daemon.target], cwd=root,
+                                 stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": root})
+        try:
+            assert child.stdout is not None
+            for _ in range(5 + round_ * 5):
+                assert child.stdout.readline(), "the saver died"
+            os.kill(child.pid, signal.SIGSTOP)
+            time.sleep(0.3)
+            os.kill(child.pid, signal.SIGCONT)
+            child.stdout.readline()
+            os.kill(child.pid, signal.SIGKILL)  # mid-save, most likely
+        finally:
+            child.kill()
+            child.wait()
+        saved = max(saved, 5 + round_ * 5)
+    deadline = time.monotonic() + 10
+    with DaemonStore(daemon.target, ns.id) as s:
+        while s.stats().open_store_handles and time.monotonic() < deadline:
+            time.sleep(0.1)  # the sessions of killed clients end as their streams break
+        assert s.stats().open_store_handles == 0
+        held = 0
+        for i in range(saved):
+            keys = ns.chain([(i * 97 + j) % 30000 for j in range(16 * 8)]).keys
+            found = s.lookup(keys, lease=True)
+            lh = s.prepare_load(ns.id, keys[: found.num_blocks], lease=found.lease)
+            out = np.zeros((lh.num_blocks, LAYOUT.page_bytes), np.uint8)
+            s.complete_load(lh, into=out)
+            for k, page in zip(lh.keys, out):
+                assert np.array_equal(page, _page_of(k)), "a wrong page was served"
+            held += lh.num_blocks
+        assert held > 0
+        assert s.stats(check_integrity=True).integrity_error == ""
