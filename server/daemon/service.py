@@ -147,6 +147,10 @@ class DaemonService:
         self._copy_pool = copy_pool
         self._copy_threads = max(1, getattr(copy_pool, "_max_workers", 1))
         self.peer_copy = peer_copy
+        self._m_peer = store.metrics.counter(
+            "kvstore_daemon_peer_copy_pages",
+            "Pages the daemon copied straight from (save) or into (load) a client's memory, "
+            "by result.", ["direction", "result"])
         self._staging_pages = min(limits.staging_pages or self.staging.capacity_pages,
                                   self.staging.capacity_pages)
         self.limits = limits
@@ -231,12 +235,15 @@ class DaemonService:
         local = np.empty((len(slots), 2), np.uint64)
         local[:, 0] = base + np.asarray(slots, np.uint64) * np.uint64(page)
         local[:, 1] = page
+        direction = "load" if write else "save"
         try:
             peer.transfer(local, segments, write=write)
         except PeerMemoryError as exc:
+            self._m_peer.labels(direction, "failed").inc(len(slots))
             raise InvalidArgument(f"{what}: the client's memory: {exc}",
                                   hint="name memory of this process that stays mapped until "
                                        "the call returns") from None
+        self._m_peer.labels(direction, "ok").inc(len(slots))
 
     def close_session(self, session_id: str) -> None:
         """End a session: complete its loads, abort its stores, release its leases. Idempotent."""

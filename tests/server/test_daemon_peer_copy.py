@@ -266,3 +266,36 @@ def test_clients_killed_and_stopped_mid_copy_leave_no_handle_and_no_wrong_page(
             held += lh.num_blocks
         assert held > 0
         assert s.stats(check_integrity=True).integrity_error == ""
+
+
+def test_the_daemon_counts_peer_copied_pages_by_direction_and_result() -> None:
+    """In one process (the service is the daemon's domain layer; the copy is a real
+    process_vm_readv of this process)."""
+    from connector.daemon.shm import SharedSlab
+    from kvstore import InvalidArgument, TieredStore
+    from kvstore.tiers.host import HostTier
+    from server.daemon.service import DaemonService
+
+    slab = SharedSlab.create("test-peer-slab", 8 * LAYOUT.page_bytes)
+    store = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 8, slab=slab.array)])
+    service = DaemonService(store, slab, peer_copy=True)
+    try:
+        s, _ = service.open_session()
+        service.segments(s.id)
+        pages = np.random.default_rng(4).integers(0, 256, (2, LAYOUT.page_bytes), np.uint8)
+        assert service.attach_peer(s.id, os.getpid(), pages.ctypes.data, pages[0, :16].tobytes())
+        metas = NS.chain(list(range(5000, 5000 + 16 * 2))).metas()
+        h, _, _ = service.prepare_store(s.id, NS.id, metas, None)
+        assert service.complete_store(s.id, NS.id, h.id, True, segments([pages])).stored == 2
+        h, _, _ = service.prepare_store(s.id, NS.id, NS.chain(list(range(16 * 2))).metas(), None)
+        with pytest.raises(InvalidArgument, match="memory"):
+            service.complete_store(s.id, NS.id, h.id, True,
+                                   np.array([[4096, pages.nbytes]], np.uint64))
+        m = store.metrics
+        assert m.value("kvstore_daemon_peer_copy_pages_total", direction="save", result="ok") == 2
+        assert m.value("kvstore_daemon_peer_copy_pages_total", direction="save",
+                       result="failed") == 2
+        service.close_session(s.id)
+    finally:
+        store.close()
+        slab.close()
