@@ -526,10 +526,13 @@ class TieredStore(StagingPath):
         self._removals += 1  # after the delete: see _removals
         back = [k for k, here in zip(done, tier.contains(done)) if here] if done else []
         for k in back:
-            if k not in policy and k not in self._retiring[ti] and \
-                    len(policy) + self._claimed[ti] < policy.capacity:
+            if k in policy or k in self._retiring[ti]:
+                continue
+            if len(policy) < policy.capacity:  # the tier holds it: the policy has its room
                 meta = tier.meta(k)
                 policy.insert(k, meta.parent if meta else None)
+            else:  # never leave a page no policy tracks (not expected: a guard)
+                tier.delete([k])
 
     def _copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
         """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present."""

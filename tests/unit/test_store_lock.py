@@ -31,11 +31,17 @@ class GatedDisk(DiskTier):
         self.gate.set()
         self.in_delete = threading.Event()
         self.in_write = threading.Event()
+        self.deleted = threading.Event()  # a delete did its work (then waits for after_delete)
+        self.after_delete = threading.Event()
+        self.after_delete.set()
 
     def delete(self, keys: Any) -> int:
         self.in_delete.set()
         assert self.gate.wait(30)
-        return super().delete(keys)
+        n = super().delete(keys)
+        self.deleted.set()
+        assert self.after_delete.wait(30)
+        return n
 
     def write(self, metas: Any, pages: Any) -> Any:
         self.in_write.set()
@@ -52,6 +58,7 @@ def store(tmp_path: Path) -> Iterator[tuple[TieredStore, GatedDisk]]:
                     write_policy="write_through")
     yield s, disk
     disk.gate.set()
+    disk.after_delete.set()
     s.check_integrity()
     s.close()
 
@@ -114,3 +121,32 @@ def test_a_lookup_does_not_wait_for_an_eviction_from_disk(
     disk.gate.set()
     writer.join(10)
     assert s.lookup(list(many.keys)).num_blocks == 12
+
+
+def test_a_write_landing_while_its_key_is_deleted_is_tracked(
+        store: tuple[TieredStore, GatedDisk]) -> None:
+    """A write that checked its key before a delete marked it, and landed after the delete
+    ran, leaves a page the tier holds: the delete's end tracks it (check_integrity: the policy
+    tracks exactly the tier's pages)."""
+    s, disk = store
+    chain = NS.chain(list(range(500, 500 + 4)))
+    gate_write, writing = threading.Event(), threading.Event()
+    original_write = disk.write
+
+    def held_write(metas: Any, pages: Any) -> Any:
+        writing.set()
+        assert gate_write.wait(30)
+        return original_write(metas, pages)
+
+    disk.write = held_write  # type: ignore[method-assign]
+    writer = _in_thread(lambda: s.put(chain.metas(), _pages(1, 9)))
+    assert writing.wait(5)  # the writer checked its key and waits inside the disk's write
+    disk.after_delete.clear()
+    deleter = _in_thread(lambda: s.delete(list(chain.keys)))
+    assert disk.deleted.wait(5)  # deleted (nothing there yet) and held before its end
+    gate_write.set()
+    writer.join(5)  # the page lands; its admission skips a key being deleted
+    disk.after_delete.set()
+    deleter.join(5)
+    s.check_integrity()
+    assert s.lookup(list(chain.keys)).num_blocks == 1
