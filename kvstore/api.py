@@ -74,7 +74,9 @@ class StoreAPI(Protocol):
 
     def lookup(self, keys: Sequence[bytes], *, lease: bool = False, local_only: bool = False,
                namespace_id: bytes | None = None) -> LookupResult:
-        """The leading run of ``keys`` the store holds, with the tier of each page. ``lease``:
+        """The leading run of ``keys`` the store holds, with the tier of each page, its runs
+        of one tier and the estimated seconds to load each (``LookupResult.runs``, ``load_s``:
+        a caller weighs load against recompute with this answer alone). ``lease``:
         pin the run against eviction until the lease is released, narrowed or expires
         (``LookupResult.lease``); ``local_only``: skip tiers shared with other nodes."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.metrics import TierStats
@@ -22,14 +23,61 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """The longest run of leading keys present in some tier, and the fastest tier of each."""
+    """The longest run of leading keys present in some tier, the fastest tier of each, and
+    what loading each run of one tier is estimated to cost -- so a caller weighs load against
+    recompute with this answer alone."""
 
     num_blocks: int
     tiers: tuple[str, ...]
     lease: Lease | None = None
+    #: per run of :attr:`runs`: seconds to read it at its tier's measured read bandwidth, None
+    #: where the tier has no measurement yet
+    load_s: tuple[float | None, ...] = ()
 
     def blocks_in(self, tier: str) -> int:
         return sum(1 for t in self.tiers if t == tier)
+
+    @property
+    def runs(self) -> tuple[tuple[str, int], ...]:
+        """The hit as ``(tier, blocks)`` runs of one tier, in order."""
+        return runs_of(self.tiers)
+
+
+def runs_of(tiers: Sequence[str]) -> tuple[tuple[str, int], ...]:
+    """``tiers`` (one per block) as ``(tier, count)`` runs of one tier."""
+    out: list[tuple[str, int]] = []
+    for t in tiers:
+        if out and out[-1][0] == t:
+            out[-1] = (t, out[-1][1] + 1)
+        else:
+            out.append((t, 1))
+    return tuple(out)
+
+
+def merge_runs(runs: Iterable[tuple[str, int]], limit: int) -> tuple[tuple[str, int], ...]:
+    """``(tier, count)`` runs with neighbours of one tier merged, cut at ``limit`` blocks (a
+    store's runs, a few: no walk over every block)."""
+    out: list[tuple[str, int]] = []
+    for tier, n in runs:
+        n = min(n, limit)
+        if n <= 0:
+            break
+        limit -= n
+        if out and out[-1][0] == tier:
+            out[-1] = (tier, out[-1][1] + n)
+        else:
+            out.append((tier, n))
+    return tuple(out)
+
+
+def load_estimates(runs: Sequence[tuple[str, int]], page_bytes: int,
+                   bandwidth: Callable[[str], float | None]) -> tuple[float | None, ...]:
+    """Seconds to read each run at ``bandwidth(tier)`` bytes/s (None: not measured yet)."""
+    out: list[float | None] = []
+    for tier, n in runs:
+        bw = bandwidth(tier)
+        out.append(n * page_bytes / bw if bw else None)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

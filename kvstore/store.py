@@ -63,7 +63,15 @@ from kvstore.mover import Mover
 from kvstore.namespace_labels import NamespaceLabels, check_label
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy, make_policy
-from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
+from kvstore.results import (
+    GetResult,
+    Lease,
+    LookupResult,
+    PutResult,
+    StoreStats,
+    load_estimates,
+    merge_runs,
+)
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.staging_path import StagingPath
 from kvstore.tiers.base import MissTally, Tier
@@ -227,7 +235,9 @@ class TieredStore(StagingPath):
             self.namespace_counts.add(namespace_id, NamespaceCounts(
                 lookup_hit=pos, lookup_miss=n - pos, expired=tally.expired, timeout=tally.failed))
         self.metrics.lookup_latency.observe(time.perf_counter() - t0)
-        return LookupResult(pos, tuple(tiers), granted)
+        load_s = load_estimates(merge_runs(((t.name, k) for t, k in runs), pos),
+                                self.layout.page_bytes, self._bw.get) if pos else ()
+        return LookupResult(pos, tuple(tiers), granted, load_s)
 
     def _still_held(self, keys: Sequence[bytes], runs: list[tuple[Tier, int]], pos: int) -> int:
         """How many of the first ``pos`` keys (found in ``runs`` of one tier each) their local

@@ -69,7 +69,7 @@ from kvstore.metrics import Metrics
 from kvstore.namespace_labels import check_label
 from kvstore.namespace_stats import MAX_NAMESPACES, NamespaceCounters, NamespaceCounts
 from kvstore.record import WIRE, RecordMac, wire_fields
-from kvstore.results import Lease, LookupResult, PutResult
+from kvstore.results import Lease, LookupResult, PutResult, load_estimates, merge_runs
 from kvstore.staging import LoadHandle, StoreHandle, copy_in, copy_out
 
 log = logging.getLogger(__name__)
@@ -579,7 +579,10 @@ class DaemonStore:
         else:
             tiers = tuple(itertools.chain.from_iterable(
                 itertools.repeat(run.tier, run.blocks) for run in runs))
-        return LookupResult(r.num_blocks, tiers, granted)
+        load_s = load_estimates(merge_runs(((run.tier, run.blocks) for run in runs), len(tiers)),
+                                self._page_bytes,
+                                lambda t: self._bandwidth.get(t) or None) if tiers else ()
+        return LookupResult(r.num_blocks, tiers, granted, load_s)
 
     def _lookup_call(self, req: Any) -> Any:
         """The reply to a LookupRequest: a message on the lookup stream (about half the cost of

@@ -274,3 +274,14 @@ def test_pages_for_another_stores_handle_are_refused(copying_store: Any) -> None
         assert other.complete_store(h).stored == 6  # still open on its own store
     finally:
         other.close()
+
+
+def test_a_lookup_gives_its_runs_and_what_loading_each_would_cost(store: Any) -> None:
+    ns = _ns("runs")
+    _save(store, ns, TOKENS)
+    keys = ns.chain(TOKENS).keys
+    found = store.lookup(keys[:4], namespace_id=ns.id)
+    assert found.runs == (("host", 4),)
+    assert len(found.load_s) == 1  # one estimate per run
+    assert found.load_s[0] is None or found.load_s[0] > 0  # None until the tier was read
+    assert store.lookup([b"\x09" * 16], namespace_id=ns.id).load_s == ()
