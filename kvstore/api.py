@@ -159,6 +159,18 @@ class StoreAPI(Protocol):
     def count_failed(self, namespace_id: bytes, what: str, reason: str, num_blocks: int) -> None:
         """Count pages whose load or save failed in a connector (``what``: load or save)."""
 
+    @property
+    def open_store_handles(self) -> int:
+        """Saves prepared and not yet completed or aborted (by this client, over a daemon)."""
+
+    def check_integrity(self) -> None:
+        """Assert the store's invariants (policies track exactly their tiers' pages, no slot
+        leaked); AssertionError names the first broken. For tests and debugging."""
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+
     def close(self) -> None:
         """Release the store's resources; later calls raise StoreClosed. Idempotent."""
 

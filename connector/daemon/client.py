@@ -513,6 +513,21 @@ class DaemonStore:
         return tier
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def open_store_handles(self) -> int:
+        """This client's saves prepared and not yet completed or aborted."""
+        with self._lock:
+            return len(self._store_ns)
+
+    def check_integrity(self) -> None:
+        """The daemon checks its store's invariants; AssertionError naming the first broken."""
+        error = self.stats(check_integrity=True).integrity_error
+        assert not error, error
+
+    @property
     def tier_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tiers)
 

@@ -285,3 +285,15 @@ def test_a_lookup_gives_its_runs_and_what_loading_each_would_cost(store: Any) ->
     assert len(found.load_s) == 1  # one estimate per run
     assert found.load_s[0] is None or found.load_s[0] > 0  # None until the tier was read
     assert store.lookup([b"\x09" * 16], namespace_id=ns.id).load_s == ()
+
+
+def test_open_saves_are_counted_until_they_end(store: Any) -> None:
+    ns = _ns("open")
+    metas = ns.chain(TOKENS).metas()
+    assert store.open_store_handles == 0
+    a, b = store.prepare_store(metas[:3]), store.prepare_store(metas[3:])
+    assert store.open_store_handles == 2
+    store.complete_store(a)
+    store.abort(b)
+    assert store.open_store_handles == 0
+    store.check_integrity()

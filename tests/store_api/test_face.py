@@ -18,9 +18,8 @@ IMPLEMENTATIONS = (TieredStore, DaemonStore)
 
 #: public methods only the in-process store has: its owner's controls (events, eviction, policy,
 #: integrity, the byte API) -- to move behind the face or out of the public surface
-IN_PROCESS_ONLY = {"add_listener", "check_integrity", "closed", "drain", "evict", "get",
-                   "is_pinned", "namespace_of", "open_store_handles", "put", "remove_listener",
-                   "set_policy"}
+IN_PROCESS_ONLY = {"add_listener", "drain", "evict", "get", "is_pinned", "namespace_of", "put",
+                   "remove_listener", "set_policy"}
 #: public methods only the daemon client has: its connection, the cross-node byte path, DMA
 DAEMON_ONLY = {"connected", "dma_registered", "peer_copy", "read_pages", "register_for_dma",
                "scoped", "shared_memory", "wait_connected", "watch", "write_pages"}
@@ -51,6 +50,15 @@ def test_the_implementations_differ_only_where_pinned() -> None:
     assert t - d == IN_PROCESS_ONLY
     assert d - t == DAEMON_ONLY
     assert set(_face_members()) <= t & d | {"layout", "metrics"}
+
+
+def test_the_daemon_client_checks_and_counts_as_the_store_does(tmp_path: Path) -> None:
+    with DaemonProc(write_config(tmp_path, host="1MiB", disk=None)) as d:
+        client = DaemonStore(d.target)
+        assert not client.closed and client.open_store_handles == 0
+        client.check_integrity()  # the daemon's store holds its invariants
+        client.close()
+        assert client.closed
 
 
 def test_real_instances_are_the_face(tmp_path: Path) -> None:
