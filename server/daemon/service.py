@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hmac
 import itertools
+import logging
 import secrets
 import threading
 from collections.abc import Iterator, Sequence
@@ -65,6 +66,8 @@ from connector.daemon.peer_memory import Peer, PeerMemoryError, probe
 from connector.daemon.shm import SharedSlab
 from server.daemon.events import CacheEvent, EventHub
 from server.daemon.staging_area import StagingArea
+
+log = logging.getLogger("kvstore.daemon")
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +198,12 @@ class DaemonService:
         the other end of its lane) reads back as holding ``expect`` at ``address``. Returns
         whether it may."""
         s = self._session(session_id)
-        if not self.peer_copy or not probe(pid, address, expect):
+        if not self.peer_copy:
+            return False
+        if not probe(pid, address, expect):
+            log.info("session %s: no peer copy with process %d (the kernel did not let the daemon "
+                     "read its memory: another user, another pid namespace, Yama or seccomp); its "
+                     "host-memory saves go through its staging area", s.id[:8], pid)
             return False
         try:
             peer = Peer(pid, self._copy_threads)

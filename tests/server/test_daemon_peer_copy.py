@@ -161,6 +161,7 @@ def test_a_forged_probe_gets_no_peer_copy_and_segments_are_refused(daemon: Daemo
         msg = _complete(stub, sid, handle, [page.ctypes.data, page.nbytes])
         assert "no peer copy" in msg
         assert _held(daemon, keys) == 0  # nothing published
+        assert f"session {sid[:8]}: no peer copy" in daemon.log()  # the operator learns why
         stream.cancel()  # type: ignore[attr-defined]
 
 
