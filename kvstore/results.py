@@ -45,13 +45,7 @@ class LookupResult:
 
 def runs_of(tiers: Sequence[str]) -> tuple[tuple[str, int], ...]:
     """``tiers`` (one per block) as ``(tier, count)`` runs of one tier."""
-    out: list[tuple[str, int]] = []
-    for t in tiers:
-        if out and out[-1][0] == t:
-            out[-1] = (t, out[-1][1] + 1)
-        else:
-            out.append((t, 1))
-    return tuple(out)
+    return merge_runs(((t, 1) for t in tiers), len(tiers))
 
 
 def merge_runs(runs: Iterable[tuple[str, int]], limit: int) -> tuple[tuple[str, int], ...]:

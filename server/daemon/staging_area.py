@@ -25,12 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from connector.daemon.peer_memory import SPLIT_BYTES
 from connector.daemon.shm import SharedSlab
 from kvstore.errors import LeaseError
 from kvstore.ops import index_runs
 
-#: below this many bytes a copy runs on the calling thread alone
-_SPLIT_BYTES = 4 << 20
 
 
 class StagingArea:
@@ -73,7 +72,7 @@ class StagingArea:
         try:
             runs = index_runs(np.asarray(rows, np.int64), np.asarray(slots, np.int64)) or []
             nbytes = len(rows) * self.page_bytes
-            if self._pool is None or nbytes < _SPLIT_BYTES:
+            if self._pool is None or nbytes < SPLIT_BYTES:
                 for r, s, n in runs:
                     np.copyto(slab[s: s + n], self.rows[r: r + n])
             else:  # one piece per thread (at least a page; the calling thread waits)
