@@ -16,7 +16,7 @@ verbatim rather than the layout above: the page is then ``num_layers`` opaque sl
 ``page_bytes / num_layers`` bytes, slice ``l`` being the engine's block of layer ``l`` as it lies
 in the engine's cache (e.g. ``"vllm-cpu"``: vLLM's CPU attention backend, per layer
 ``[num_kv_heads, block_size, 2 * head_dim]`` with K transposed inside the block; see
-``connector/vllm.py``). The empty default is the layout above. A non-empty format is part of the
+``connector/vllm/layout.py``). The empty default is the layout above. A non-empty format is part of the
 fingerprint (``|fmt=<name>``), so pages of an engine's format never mix with others; the
 default leaves the fingerprint as it always was.
 """

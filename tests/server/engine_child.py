@@ -25,7 +25,7 @@ NUM_BLOCKS = 64
 
 
 def pausing_copy(remote, which: str):  # noqa: ANN001, ANN201
-    seg = remote._slab if which == "load" else remote._stage
+    seg = remote._memory.slab if which == "load" else remote._memory.stage
     lo = seg.address
     hi = lo + seg.nbytes
     paused = threading.Event()

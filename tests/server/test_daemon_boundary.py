@@ -109,7 +109,7 @@ def test_tcp_with_the_token_works(guarded: tuple[DaemonProc, str]) -> None:
     with DaemonStore(guarded[1], NS_A.id, token=TOKEN) as s:
         assert s.stats().sessions >= 1
         # a TCP session is not told where the local lane is, and makes every call over gRPC
-        assert s._lane is None
+        assert s._session.lane is None
         assert s.lookup([b"k" * 16]).num_blocks == 0 and s.calls["lane"] == 0
     md = (("authorization", f"Bearer {TOKEN}"),)
     with grpc.insecure_channel(guarded[1]) as tcp, grpc.insecure_channel(guarded[0].target) as uds:
@@ -245,12 +245,12 @@ def test_out_of_namespace_requests_get_typed_errors(guarded) -> None:  # noqa: A
             b.prepare_store([type(m)(NS_B.id, m.key, m.parent, m.token_ids)])
         # a handle is its session's: another session does not see it
         lh = a.prepare_load(NS_A.id, chain_a.keys)
-        req = pb.HandleRequest(session_id=b._session_id, namespace_id=NS_B.id, handle_id=lh.id)
+        req = pb.HandleRequest(session_id=b._session.session_id, namespace_id=NS_B.id, handle_id=lh.id)
         with pytest.raises(LeaseError, match="not this session's"):
-            b._call("CompleteLoad", req)
+            b._session.call("CompleteLoad", req)
         # ... and within its session, only under its namespace
         with pytest.raises(InvalidArgument, match="another namespace"):
-            a._call("CompleteLoad", pb.HandleRequest(namespace_id=NS_B.id, handle_id=lh.id))
+            a._session.call("CompleteLoad", pb.HandleRequest(namespace_id=NS_B.id, handle_id=lh.id))
         assert a.complete_load(lh) == 3
         assert a.delete(chain_a.keys) > 0
     _still_serving(d)

@@ -84,7 +84,7 @@ def test_bad_frames_get_typed_errors_and_the_lane_goes_on(tmp_path: Path) -> Non
     with DaemonProc(cfg) as daemon, DaemonStore(daemon.target, NS.id) as store, \
             DaemonStore(daemon.target, OTHER.id) as other:
         _round_trip(store, NS, 1)
-        sock, (code, _) = _connect(daemon, store._session_id)
+        sock, (code, _) = _connect(daemon, store._session.session_id)
         try:
             assert code == OK
             code, msg = _ask(sock, 200, b"")
@@ -100,7 +100,7 @@ def test_bad_frames_get_typed_errors_and_the_lane_goes_on(tmp_path: Path) -> Non
             # another session's lease: this connection serves its own session only
             lease = other.lookup(list(keys), lease=True, namespace_id=NS.id).lease
             assert lease is not None
-            req = pb.LeaseRequest(session_id=other._session_id, namespace_id=NS.id,
+            req = pb.LeaseRequest(session_id=other._session.session_id, namespace_id=NS.id,
                                   lease_id=lease.id)
             code, msg = _ask(sock, METHOD_NUMBER["Release"], req.SerializeToString())
             assert code == NOT_FOUND and b"not this session's" in msg
@@ -124,9 +124,9 @@ def test_a_hello_without_a_live_session_is_refused(daemon: DaemonProc) -> None:
     assert recv_frame(sock, 1 << 20) is None  # and the connection is closed
     sock.close()
     with DaemonStore(daemon.target, NS.id) as store:
-        sock, (code, _) = _connect(daemon, store._session_id)
+        sock, (code, _) = _connect(daemon, store._session.session_id)
         assert code == OK
-        session = store._session_id
+        session = store._session.session_id
     # the session ended with its client: so does the lane connection bound to it
     try:
         lookup = pb.LookupRequest(namespace_id=NS.id, keys=b"\1" * 16)
@@ -148,7 +148,7 @@ def test_past_the_connection_limit_the_client_uses_grpc(tmp_path: Path) -> None:
         # a full lane is a passing state, not a verdict: once a's connection is gone and the
         # back-off has passed, b's calls take the lane
         time.sleep(FULL_BACKOFF_S + 0.2)
-        assert b._lane is not None
+        assert b._session.lane is not None
         b.lookup(OTHER.chain(list(range(32))).keys)
         assert b.calls["lane"] == 1
 

@@ -31,7 +31,7 @@ def test_lookups_from_many_threads_agree_with_the_unary_call(daemon: DaemonProc,
                                                              lane: bool) -> None:
     with DaemonStore(daemon.target, NS.id, lane=lane) as store:
         prompts = [_saved(store, n, salt) for salt, n in enumerate((3, 5, 8))]
-        unary = [store._call("Lookup", pb.LookupRequest(namespace_id=NS.id, keys=b"".join(k)))
+        unary = [store._session.call("Lookup", pb.LookupRequest(namespace_id=NS.id, keys=b"".join(k)))
                  for k in prompts]
         assert [r.num_blocks for r in unary] == [3, 5, 8]
         wrong: list[str] = []

@@ -58,7 +58,7 @@ def _load(store: DaemonStore, ns: Namespace, keys: list[bytes]) -> np.ndarray:
 def _session_fds(daemon: DaemonProc, store: DaemonStore) -> tuple[int, int]:
     """This client's own descriptors of the slab and of its staging area, as the lane hands
     them to any client of the session."""
-    mapped = map_segments(f"{daemon.socket}.lane", store._session_id, 5.0)
+    mapped = map_segments(f"{daemon.socket}.lane", store._session.session_id, 5.0)
     return mapped.slab_fd, mapped.staging_fd
 
 
@@ -118,7 +118,7 @@ def test_a_client_that_writes_the_slab_dies_and_the_victims_pages_stand(
             from connector.daemon import DaemonStore
             s = DaemonStore({daemon.target!r}, bytes(16))
             print("mapped", flush=True)
-            ctypes.memset(s._slab.address, 0x5A, s._slab.nbytes)
+            ctypes.memset(s._memory.slab.address, 0x5A, s._memory.slab.nbytes)
             print("wrote", flush=True)
         """)
         r = subprocess.run([sys.executable, "-c", attack], cwd=ROOT, capture_output=True,
@@ -147,7 +147,7 @@ def test_sessions_write_staging_areas_of_their_own(daemon: DaemonProc) -> None:
         h = victim.prepare_store(chain.metas())
         for i, slot in enumerate(h.slots):
             h.slab[slot] = pages[i]
-        attacker._staging_view()[:] = 0x5A
+        attacker._memory.staging_view()[:] = 0x5A
         assert victim.complete_store(h).stored == 3
         assert np.array_equal(_load(victim, VICTIM, list(chain.keys)), pages)
 

@@ -50,10 +50,10 @@ def test_a_lookup_stream_past_the_limit_falls_back_to_unary(tmp_path: Path) -> N
             a.complete_store(a.prepare_store(chain.metas()))
             assert a.lookup(list(chain.keys)).num_blocks == 2  # stream 1
             assert b.lookup(list(chain.keys)).num_blocks == 2  # stream 2: the limit
-            held, b._lookup_stream = b._lookup_stream, None
+            held, b._session.lookup_stream = b._session.lookup_stream, None
             assert held is not None
             assert b.lookup(list(chain.keys)).num_blocks == 2  # a third: refused, unary instead
-            assert b._lookup_stream is None and b._stream_refused_until > time.monotonic()
+            assert b._session.lookup_stream is None and b._session.stream_refused_until > time.monotonic()
             assert b.failures["lookup"] == 0
             held.close()
         finally:

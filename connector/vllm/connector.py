@@ -1,14 +1,5 @@
-"""kvstore as a vLLM KV connector (``KVConnectorBase_V1``), loaded by vLLM through
-``kv_connector_module_path``::
-
-    KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm",
-                     kv_role="kv_both", kv_load_failure_policy="recompute",
-                     kv_connector_extra_config={"config_file": "/etc/kvstore.toml"})
-
-This is the only module of the package that imports vLLM (the optional extra ``kvstore[vllm]``).
-It adapts vLLM's calls to :class:`~connector.inprocess.InProcessScheduler` and
-:class:`~connector.inprocess.InProcessWorker`, which do the work through the store's staging
-path; nothing here touches a tier.
+"""kvstore's vLLM connector, :class:`KVStoreConnector`: one class for both of vLLM's sides
+(see :mod:`connector.vllm` for its configuration and process layouts).
 
 Scheduler side (vLLM's scheduler thread; never waits for a copy)::
 
@@ -30,52 +21,18 @@ Scheduler side (vLLM's scheduler thread; never waits for a copy)::
     update_connector_output(output)              -- the worker's step results: asynchronous
         loads ended; blocks that failed to load (``invalid_block_ids``) take their tokens out
         of the request's ``num_cached_tokens`` -- vLLM recomputes them, and it reports only
-        what was loaded (:func:`_count_loaded_only`)
+        what was loaded (:func:`count_loaded_only`)
 
 Worker side: ``register_kv_caches`` describes vLLM's per-layer caches to the transfer code as
 opaque blocks (:meth:`KVCacheSpec.layer_blocks`), ``start_load_kv`` / ``wait_for_layer_load`` /
 ``save_kv_layer`` / ``wait_for_save`` / ``get_finished`` / ``get_block_ids_with_load_errors``
 map one to one onto the worker's calls, layer names onto layer indices (vLLM's model order).
 
-Page identity: a page holds one vLLM block of every layer, verbatim -- the engine's own block
-layout, which :class:`~kvstore.layout.KVLayout` names in ``block_format``:
-
-    ``vllm-cpu``  vLLM's CPU attention backend: per layer ``[num_blocks, num_kv_heads,
-                  block_size, 2 * head_size]``, K transposed inside a block.
-
-A cache of another shape (a GPU backend's ``[2, num_blocks, ...]``, say) is refused at
-``register_kv_caches``: its blocks are not contiguous per layer, or not laid out as the format
-says. The layout fingerprint, hence every key, differs from kvstore's own page layout's.
-
 Namespace of a request: the model (``model_id`` of the kvstore config, default vLLM's model
 name), ``@revision`` when vLLM was given one, ``+lora:<name>`` for a LoRA request, and the
 tenant salt of the config combined with the request's ``cache_salt`` -- two salts never share a
 page. Requests with multimodal inputs or prompt embeddings are skipped (no load, no save) and
 counted in :attr:`KVStoreVLLMStats.skipped_requests`.
-
-Configuration (``kv_connector_extra_config``, read by :mod:`connector.vllm_engine`):
-
-* in-process -- ``config_file`` (a kvstore TOML/YAML file) and any top-level field of
-  :class:`~kvstore.config.KVStoreConfig` inline (``tiers``, ``store``, ``connector``,
-  ``security``, ``tenant_salt``, ``model_id``), overriding the file. The store lives in vLLM's
-  engine process, shared by the scheduler side and the worker side;
-* daemon -- ``daemon: "unix:///path/kvstore.sock"`` (or ``"host:port"`` and ``token``): the
-  tiers are a ``kvstore serve`` sidecar's, shared by every engine of the node and outliving
-  them; ``connector``, ``security``, ``tenant_salt``, ``model_id`` still apply here (``tiers``
-  and ``store`` are refused: they are the daemon's). The daemon's ``[layout]`` must be this
-  engine's (``block_format = "vllm-cpu"`` and vLLM's shape), else the engine refuses to start
-  with both layouts named. Each request's namespace (below) is named on every daemon call;
-  the daemon keeps tenants apart and enforces its per-namespace quota. If the daemon goes
-  down, vLLM recomputes (lookups miss, saves drop, each failed call counted) and the client
-  reconnects when it is back.
-
-The layout is vLLM's (it needs no configuring). Process layouts: through the daemon the two
-sides may live in different processes -- vLLM's default on its CPU build, where the scheduler
-runs in EngineCore and the worker in a process of its own: the scheduler side's lookup leases
-the pages, and the worker's client takes the lease over by its ticket (see
-:mod:`server.daemon.service`). In-process mode needs both sides and one worker in one process
-(vLLM's ``uni`` executor); in any other layout it is refused at start
-(:func:`check_process_layout`), since each process would build a store of its own.
 
 Tensor parallelism (daemon mode): each of the ``tensor_parallel_size`` workers holds a shard of
 the KV heads, and stores its share of a block as a page of its own, in the shard's namespace
@@ -86,22 +43,13 @@ plan it builds holds each rank's loads and saves (:class:`KVStoreConnectorMetada
 worker binds its own. A block that fails on one rank is reported by that worker; vLLM unions the
 workers' reports and recomputes the block on every rank. Pipeline parallelism is refused.
 
-Stats: :meth:`KVStoreConnector.get_kv_connector_stats` hands vLLM each side's counters (hits by
-tier, misses, pending lookups, blocks loaded and saved, load errors by reason, daemon failures);
-vLLM's stat logger logs them ("KV Transfer metrics") and its Prometheus logger exports them as
-``vllm:kvstore_*_total`` (:data:`PROM_COUNTERS`). :func:`engine_stats` gives the totals.
-Every failed load or save is also logged once with its reason (rate-limited, see
-:mod:`connector.failure_log`) and told to the store, which counts it per namespace and reason
--- in daemon mode the daemon, so ``kvstore stats`` shows it whichever process failed.
-
-``kv_load_failure_policy`` must be ``"recompute"``: a page that fails its check is a miss, and
-vLLM recomputes those tokens; with ``"fail"`` vLLM would fail the request instead.
+Stats: see :mod:`.stats`.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -111,13 +59,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
-    KVConnectorPromMetrics,
-    KVConnectorStats,
-)
-
 from connector.base import ConnectorMetadata, KVCacheSpec, LoadSpec, SaveSpec
 from connector.inprocess import InProcessScheduler
+from connector.vllm.layout import BLOCK_FORMATS, layout_for
+from connector.vllm.request_state import RequestState, count_loaded_only
+from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm_engine import (
     EngineState,
     KVStoreVLLMStats,
@@ -125,13 +71,10 @@ from connector.vllm_engine import (
     check_process_layout,
     daemon_target,
     detach,
-    engine_stats,
-    engine_store,
     load_kvstore_config,
 )
 from kvstore.errors import ConfigError, InvalidArgument
 from kvstore.keys import BlockMeta, Namespace, chain_keys, shard_model_id, token_bytes
-from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -144,64 +87,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvstore.vllm")
 
-#: vLLM block formats kvstore understands: name -> the per-layer block shape (after the block
-#: dimension) as a function of (num_kv_heads, block_size, head_size).
-BLOCK_FORMATS: dict[str, Any] = {
-    "vllm-cpu": lambda h, b, d: (h, b, 2 * d),
-}
-
-
-def layout_for(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> tuple[KVLayout, list[str]]:
-    """The page layout of this vLLM engine's KV cache, and its attention layers in model order.
-    Raises ConfigError for a cache kvstore cannot hold (several cache groups, MLA, sliding
-    window, a quantized cache) naming what it found."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
-
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ConfigError(
-            f"the vLLM model has {len(groups)} KV cache groups; kvstore's connector holds the "
-            "cache of models with one kind of full attention",
-            hint="use a model with full attention in every layer")
-    spec = groups[0].kv_cache_spec
-    if type(spec) is not FullAttentionSpec or isinstance(spec, MLAAttentionSpec) or getattr(
-            spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
-        raise ConfigError(
-            f"the vLLM KV cache spec is {type(spec).__name__} "
-            f"(sliding_window={getattr(spec, 'sliding_window', None)}); kvstore's connector "
-            "holds full-attention caches only")
-    head_v = getattr(spec, "head_size_v", None)
-    if head_v not in (None, spec.head_size):
-        raise ConfigError(f"K and V head sizes differ ({spec.head_size} vs {head_v})")
-    device = vllm_config.device_config.device_type
-    fmt = f"vllm-{device}"
-    dtype = str(spec.dtype).removeprefix("torch.")
-    try:
-        layout = KVLayout(len(groups[0].layer_names), spec.num_kv_heads, spec.head_size,
-                          spec.block_size, dtype, fmt)
-    except InvalidArgument as exc:
-        raise ConfigError(f"vLLM's KV cache cannot be described as pages: {exc.message}",
-                          hint=exc.hint) from None
-    return layout, list(groups[0].layer_names)
-
-
-@dataclass(eq=False)
-class _Req:
-    """Scheduler-side state of one request the connector follows. ``scheds``: one scheduler
-    per tensor-parallel shard (rank order), each over the shard's namespace; empty for a
-    request the connector skips."""
-
-    request: Request
-    scheds: tuple[InProcessScheduler, ...]
-    num_local: int = 0  # tokens vLLM's own prefix cache had at the last match
-    block_ids: list[int] = field(default_factory=list)
-    saved: int | None = None  # leading blocks saved (or already held) so far
-    #: per shard, the keys of the first len(keys[r]) blocks in that shard's namespace
-    keys: list[list[bytes]] = field(default_factory=list)
-    load_async: bool = False  # the last match loads across steps
-    receiving: bool = False  # an asynchronous load into its blocks was handed out, not reported
-    loading: tuple[int, ...] = ()  # the blocks its last load writes, in prompt order
-
 
 def _tensor_parallel_rank() -> int:
     """This worker's tensor-parallel rank (vLLM set up its process groups before it builds a
@@ -209,38 +94,6 @@ def _tensor_parallel_rank() -> int:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
     return int(get_tensor_model_parallel_rank())
-
-
-def _count_loaded_only(request: Request, num_local_tokens: int, num_loaded_tokens: int) -> None:
-    """Make ``request``'s cached-token count honest after a failed load: ``num_local_tokens``
-    from vLLM's prefix cache plus the ``num_loaded_tokens`` (the leading run of our offer that
-    did load; vLLM recomputes from the first failed block on) -- never more than vLLM counted.
-
-    vLLM sets the count when it first schedules the request, from what the connector offered,
-    and reports it with the request's first output (``RequestOutput.num_cached_tokens``,
-    ``usage.prompt_tokens_details.cached_tokens``, the prefix-cache stats); its recovery from
-    a failed load (``Scheduler._update_requests_with_invalid_blocks``) fixes the computed
-    tokens only. No public hook sets it, so this is the one place the connector writes a
-    Request attribute, for the two shapes vLLM has had:
-
-    * ``request.prefill_stats`` (a :class:`vllm.v1.metrics.stats.PrefillStats`; the vLLM this
-      package is tested with): rewritten through its own ``set``. It is None once the first
-      output took it -- too late then, but vLLM gives a request whose synchronous load failed
-      no output in the step that reports the failure, and calls ``update_connector_output``
-      later in that step;
-    * ``request.num_cached_tokens`` (earlier vLLMs: an int, -1 until scheduled), read at
-      every output.
-    """
-    if hasattr(request, "prefill_stats"):
-        stats = request.prefill_stats
-        if stats is not None and stats.num_external_cached_tokens > num_loaded_tokens:
-            stats.set(num_prompt_tokens=stats.num_prompt_tokens,
-                      num_local_cached_tokens=stats.num_local_cached_tokens,
-                      num_external_cached_tokens=num_loaded_tokens)
-        return
-    cached = getattr(request, "num_cached_tokens", None)
-    if isinstance(cached, int) and cached > num_local_tokens + num_loaded_tokens:
-        setattr(request, "num_cached_tokens", num_local_tokens + num_loaded_tokens)  # noqa: B010
 
 
 @dataclass
@@ -297,7 +150,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._reported: dict[str, int] = {}  # counters as of the last get_kv_connector_stats
         # scheduler side
         self._scheds: dict[bytes, tuple[int, InProcessScheduler]] = {}  # ns id -> (rank, ...)
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, RequestState] = {}
         self._host = self._engine.host
 
     # ================================================================ scheduler side
@@ -332,15 +185,15 @@ class KVStoreConnector(KVConnectorBase_V1):
             return "prompt_embeds"
         return None
 
-    def _state(self, request: Request) -> _Req | None:
+    def _state(self, request: Request) -> RequestState | None:
         st = self._reqs.get(request.request_id)
         if st is None:
             reason = self._skip_reason(request)
             if reason is not None:
                 self._engine.skipped[reason] += 1
-                self._reqs[request.request_id] = st = _Req(request, ())
+                self._reqs[request.request_id] = st = RequestState(request, ())
                 return None
-            st = self._reqs[request.request_id] = _Req(request, tuple(
+            st = self._reqs[request.request_id] = RequestState(request, tuple(
                 self._scheduler(ns, r) for r, ns in enumerate(self._namespaces(request))))
         return st if st.scheds else None
 
@@ -401,7 +254,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                 if st.loading and not invalid.isdisjoint(st.loading):
                     loaded = next(i for i, b in enumerate(st.loading) if b in invalid)
                     st.loading = ()
-                    _count_loaded_only(st.request, st.num_local, loaded * self._block_size)
+                    count_loaded_only(st.request, st.num_local, loaded * self._block_size)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched_tokens = scheduler_output.num_scheduled_tokens
@@ -435,7 +288,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         return KVStoreConnectorMetadata(tuple(
             ConnectorMetadata(tuple(lo), tuple(sa)) for lo, sa in zip(loads, saves)))
 
-    def _plan_saves(self, st: _Req, num_computed: int, num_scheduled: int) -> None:
+    def _plan_saves(self, st: RequestState, num_computed: int, num_scheduled: int) -> None:
         """Hand the blocks that are full once this step ran to the scheduler's saves."""
         B = self._block_size
         if st.saved is None or num_computed < st.saved * B:
@@ -581,78 +434,3 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._scheds.clear()
         detach(self._engine_id)
 
-
-@dataclass
-class KVStoreConnectorStats(KVConnectorStats):
-    """Counter increments, ``{"name": n}`` or ``{"name:label": n}`` (names and labels as in
-    :meth:`KVStoreVLLMStats.counters`); sums when aggregated."""
-
-    def reset(self) -> None:
-        # annotated through a local: without vLLM the base class is Any and mypy infers from this
-        empty: dict[str, int | float] = {}
-        self.data = empty
-
-    def aggregate(self, other: KVConnectorStats) -> KVStoreConnectorStats:
-        for k, v in other.data.items():
-            self.data[k] = self.data.get(k, 0) + v
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return dict(sorted(self.data.items()))
-
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
-
-
-#: Prometheus counters (``vllm:kvstore_<name>_total``): name -> (label, help).
-PROM_COUNTERS: dict[str, tuple[str | None, str]] = {
-    "hit_tokens": ("tier", "Prompt tokens kvstore offered to load, by the tier holding them."),
-    "miss_tokens": (None, "Prompt tokens past vLLM's prefix cache that kvstore did not hold."),
-    "pending_lookups": (None, "Lookups answered 'not yet' (a tier below host still reading)."),
-    "skipped_requests": ("reason", "Requests kvstore does not cache, by reason."),
-    "loaded_blocks": (None, "Blocks loaded into vLLM's KV cache by kvstore."),
-    "saved_blocks": (None, "Blocks saved by kvstore."),
-    "abandoned_saves": (None, "Saves kvstore dropped (no room, or the step ended early)."),
-    "load_errors": ("reason", "Blocks kvstore failed to load (vLLM recomputed them), by reason."),
-    "save_errors": ("reason", "Blocks kvstore failed to save (a later miss), by reason."),
-    "daemon_failures": ("call", "Calls to the kvstore daemon that did not reach it, by call."),
-}
-
-
-class KVStorePromMetrics(KVConnectorPromMetrics):
-    """:data:`PROM_COUNTERS`, fed from :class:`KVStoreConnectorStats` by vLLM's Prometheus
-    logger (one child per engine and label value)."""
-
-    def __init__(self, vllm_config: VllmConfig,
-                 metric_types: dict[type[PromMetric], type[PromMetricT]],
-                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._families: dict[str, Any] = {
-            name: self._counter_cls(name=f"vllm:kvstore_{name}_total", documentation=doc,
-                                    labelnames=self._labelnames + ([label] if label else []))
-            for name, (label, doc) in PROM_COUNTERS.items()
-        }
-
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        engine_labels = self.per_engine_labelvalues[engine_idx]
-        for key, value in transfer_stats_data.items():
-            name, _, label = key.partition(":")
-            family = self._families.get(name)
-            if family is None or not value:
-                continue  # a counter this version does not export
-            family.labels(*engine_labels, *([label] if label else [])).inc(value)
-
-
-__all__ = [
-    "BLOCK_FORMATS",
-    "PROM_COUNTERS",
-    "KVStoreConnector",
-    "KVStoreConnectorMetadata",
-    "KVStoreConnectorStats",
-    "KVStorePromMetrics",
-    "KVStoreVLLMStats",
-    "engine_stats",
-    "engine_store",
-    "layout_for",
-    "load_kvstore_config",
-]
