@@ -80,21 +80,18 @@ Guarantees:
 
 from __future__ import annotations
 
-import errno
-import heapq
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Literal
 
 import lmdb
 import numpy as np
 
-from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
+from kvstore.errors import InvalidArgument, TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
@@ -102,12 +99,23 @@ from kvstore.record import RecordMac, default_mac_threads, stored_meta
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
 from kvstore.tiers.disk_config import DEFAULT_MAX_IO_BYTES
+from kvstore.tiers.disk_failures import read_failures, write_failures
 from kvstore.tiers.disk_index import DiskIndex, IndexEntry, IndexReplaced
 from kvstore.tiers.disk_io import ALIGN, aligned_empty
 from kvstore.tiers.disk_lock import lock_directory
+from kvstore.tiers.disk_setup import (
+    DURABILITY,
+    Durability,
+    open_directory,
+    slab_open_error,
+    use_o_direct,
+    validate,
+)
 from kvstore.tiers.disk_slab import Slab
+from kvstore.tiers.disk_slots import FreeSlots
 from kvstore.tiers.disk_space import check_capacity
 from kvstore.tiers.disk_sync import GroupCommitter
+from kvstore.tiers.disk_workers import IOWorkers
 
 log = logging.getLogger("kvstore.tiers.disk")
 
@@ -118,8 +126,6 @@ log = logging.getLogger("kvstore.tiers.disk")
 #: measurable against no flushing at all (what is left to raw is the tier's own work); 100 ms
 #: bounds the exposure to a power cut well inside what a recomputable cache needs.
 DEFAULT_SYNC_INTERVAL_MS = 100.0
-Durability = Literal["group", "batch", "none"]
-DURABILITY: tuple[Durability, ...] = ("group", "batch", "none")
 ATIME_FLUSH_S = 30.0
 
 
@@ -164,29 +170,15 @@ class DiskTier(Tier):
         index entry (``security.store_token_ids``); by default neither holds them
         (``record.stored_meta``)."""
         super().__init__(name, layout, capacity_pages, metrics)
-        what = f"disk tier {name!r}:"
-        if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
-            raise InvalidArgument(f"{what} io_threads must be in [1, 256], got {io_threads!r}")
-        if o_direct not in ("auto", True, False):
-            raise InvalidArgument(f"{what} o_direct must be 'auto', true or false: {o_direct!r}")
-        if max_io_bytes < ALIGN:
-            raise InvalidArgument(f"{what} max_io_bytes must be >= {ALIGN}, got {max_io_bytes}")
-        if durability not in DURABILITY:
-            raise InvalidArgument(
-                f"{what} durability must be one of {', '.join(DURABILITY)}: {durability!r}"
-            )
-        if not 0 < sync_interval_ms <= 60_000:
-            raise InvalidArgument(
-                f"{what} sync_interval_ms must be in (0, 60000], got {sync_interval_ms!r}"
-            )
+        validate(name, io_threads, o_direct, max_io_bytes, durability, sync_interval_ms)
         self.path = Path(path)
         self.durability: Durability = durability
         self.sync_interval_ms = sync_interval_ms
         self._committer: GroupCommitter | None = None
         self._max_io_bytes = max_io_bytes
         if hash_in_workers not in (None, True, False):
-            raise InvalidArgument(f"{what} hash_in_workers must be true, false or None: "
-                                  f"{hash_in_workers!r}")
+            raise InvalidArgument(f"disk tier {name!r}: hash_in_workers must be true, false or "
+                                  f"None: {hash_in_workers!r}")
         #: Whether the I/O workers hash and verify the runs they move (else the caller does).
         self.hash_in_workers = (default_mac_threads() > 0 if hash_in_workers is None
                                 else hash_in_workers)
@@ -195,21 +187,18 @@ class DiskTier(Tier):
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
         self._entries: dict[bytes, IndexEntry] = {}
-        self._readers: dict[int, int] = {}
-        self._zombies: set[int] = set()  # unlinked slots still being read
-        self._free: list[int] = []  # heap of free slots below _hwm; slots >= _hwm are all free
-        self._hwm = 0
+        self._slots = FreeSlots(capacity_pages)  # guarded by _lock, like _entries
         self._pending: list[tuple[bytes, int]] = []  # removed from memory, LMDB removal to commit
         self._dirty: set[bytes] = set()  # keys whose atime LMDB has not seen
         self._last_flush = time.monotonic()
         self._flush_queued = False
-        self._write_failure: str | None = None
-        self._read_failure: str | None = None
+        self._write_failures = write_failures(name, self.path, self.metrics)
+        self._read_failures = read_failures(name, self.path, self.metrics)
         self._closed = True
         self._lock_fd = -1
         self._slab: Slab | None = None
         self._index: DiskIndex | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._workers: IOWorkers | None = None
         try:
             self._open(o_direct, preallocate, allow_network_fs, check_index, io_threads)
         except BaseException:
@@ -224,35 +213,9 @@ class DiskTier(Tier):
         self, o_direct: Any, prealloc: bool, allow_nfs: bool, check: bool, threads: int
     ) -> None:
         path, layout = self.path, self.layout
-        try:
-            disk_io.private_dir(path)
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "not writable")
-        except OSError as exc:
-            raise ConfigError(
-                f"disk tier {self.name!r}: cannot use directory {path}: {exc.strerror}",
-                hint="point the disk tier's path at a writable local directory",
-            ) from None
-        self.filesystem = disk_io.filesystem_type(path)
-        if disk_io.is_network_filesystem(self.filesystem) and not allow_nfs:
-            raise ConfigError(
-                f"disk tier {self.name!r}: {path} is on a network filesystem ({self.filesystem}); "
-                "its locking and O_DIRECT semantics cannot keep the index consistent",
-                hint="use a local disk, or set the disk tier's allow_network_fs to true",
-            )
+        self.filesystem = open_directory(self.name, path, allow_nfs)
         self._lock_fd = lock_directory(path)
-        reason = disk_io.probe_o_direct(path) if o_direct is not False else "disabled"
-        if reason is not None and o_direct is True:
-            raise ConfigError(
-                f"disk tier {self.name!r}: {path} ({self.filesystem}) refuses O_DIRECT: {reason}",
-                hint="set the disk tier's o_direct to 'auto' or false, or use another filesystem",
-            )
-        if reason is not None and o_direct == "auto":
-            log.warning(
-                "disk tier %r: %s (%s) refuses O_DIRECT (%s); using buffered I/O through the "
-                "page cache", self.name, path, self.filesystem, reason,
-            )
-        self.o_direct = reason is None
+        self.o_direct = use_o_direct(self.name, path, self.filesystem, o_direct)
         self._slab = slab = Slab(
             path, layout, self.capacity_pages, o_direct=self.o_direct,
             max_io_bytes=self._max_io_bytes, metrics=self.metrics, tier_name=self.name,
@@ -273,20 +236,10 @@ class DiskTier(Tier):
         try:
             problem = slab.open(prealloc)
         except OSError as exc:
-            if exc.errno in disk_io.SPACE_ERRNOS:  # the room check passed; someone took it since
-                raise ConfigError(
-                    f"disk tier {self.name!r}: capacity_pages={self.capacity_pages}: cannot "
-                    f"allocate its slab of {slab.nbytes} bytes in {slab.path}: "
-                    f"{disk_io.describe(exc)}",
-                    hint="lower the disk tier's capacity, or free space on its filesystem",
-                ) from None
-            raise ConfigError(
-                f"disk tier {self.name!r}: cannot open {slab.path}: {disk_io.describe(exc)}",
-                hint="check the disk tier directory's permissions and its disk",
-            ) from None
+            raise slab_open_error(self.name, self.capacity_pages, slab, exc) from None
         if problem:
             log.warning("disk tier %r: slab %s: %s", self.name, slab.path, problem)
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"kvstore-disk-{self.name}")
+        self._workers = IOWorkers(self.name, threads)
         if self.durability == "group":
             self._committer = GroupCommitter(
                 self.name, slab.sync, self._sync_index, self.sync_interval_ms / 1000,
@@ -320,9 +273,7 @@ class DiskTier(Tier):
                 self._entries, taken = {}, set()
             except lmdb.Error as exc:
                 log.error("disk tier %r: cannot drop them from the index: %s", self.name, exc)
-        self._hwm = max(taken) + 1 if taken else 0
-        self._free = [s for s in range(self._hwm) if s not in taken]
-        heapq.heapify(self._free)
+        self._slots.load(taken)
 
     def close(self) -> None:
         """Flush last-access times and pending removals, close the index and the slab, release
@@ -332,8 +283,8 @@ class DiskTier(Tier):
             if self._closed:
                 return
             self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        if self._workers is not None:
+            self._workers.shutdown(wait=True)
         with self._commit_lock:
             if self._index is not None and (self._dirty or self._pending):
                 try:
@@ -347,8 +298,8 @@ class DiskTier(Tier):
     def _release(self) -> None:
         if self._committer is not None:
             self._committer.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        if self._workers is not None:
+            self._workers.shutdown(wait=False)
         if self._index is not None:
             self._index.close()
         if self._slab is not None:
@@ -366,13 +317,6 @@ class DiskTier(Tier):
     def _ensure_open(self) -> None:
         if self._closed:
             raise TierUnavailable(f"disk tier {self.name!r} is closed")
-
-    def _submit(self, fn: Any, *args: Any) -> Future[Any]:
-        assert self._pool is not None
-        try:
-            return self._pool.submit(fn, *args)
-        except RuntimeError:  # the pool was shut down: close() raced this call
-            raise TierUnavailable(f"disk tier {self.name!r} is closed") from None
 
     # ----------------------------------------------------------------- hooks
 
@@ -450,7 +394,7 @@ class DiskTier(Tier):
         metas = [stored_meta(m, self.store_token_ids) for m in metas]  # record and index alike
         n = len(metas)
         with self._lock:
-            got = [self._alloc() for _ in range(n)]
+            got = [self._slots.alloc() for _ in range(n)]
         todo = sorted((i for i in range(n) if got[i] is not None), key=lambda i: got[i] or 0)
         slots = [s or 0 for s in got]
         stored = [False] * n
@@ -461,9 +405,9 @@ class DiskTier(Tier):
             with self._lock:  # slots of refused pages were never published: nobody saw them
                 for i in todo:
                     if not stored[i]:
-                        heapq.heappush(self._free, slots[i])
+                        self._slots.give_back(slots[i])
         if todo:
-            self._note_write(failure)
+            self._write_failures.note(failure)
         return stored
 
     def _store(
@@ -476,31 +420,11 @@ class DiskTier(Tier):
     ) -> str | None:
         """Write ``todo`` (indices sorted by slot) into their ``slots``, make them durable,
         commit and publish them; set ``stored[i]``. Returns what failed, or None."""
-        assert self._slab is not None
+        assert self._slab is not None and self._workers is not None
         slab = self._slab
-        checksums: dict[int, int] = {}
-        failure: str | None = None
-        jobs: list[tuple[list[int], Future[list[int]]]] = []
-        try:
-            for run in slab.runs(todo, slots):
-                items = [(metas[i], pages[i]) for i in run]
-                if self.hash_in_workers:  # the hashing of a batch spreads over the cores
-                    job = self._submit(slab.encode_and_write, slots[run[0]], items)
-                else:  # the caller hashes the next run while the workers write this one
-                    hdr, sums = slab.encode_run(items)
-                    job = self._submit(slab.write_encoded, slots[run[0]], hdr, pages, run, sums)
-                jobs.append((run, job))
-        finally:
-            # No slot may be released while a write into it is still queued.
-            wait([job for _, job in jobs])
-        for run, job in jobs:
-            exc = job.exception()
-            if exc is None:
-                checksums.update(zip(run, job.result()))
-            elif isinstance(exc, OSError):
-                failure = disk_io.describe(exc)
-            else:
-                raise exc
+        checksums, failure = self._workers.write(
+            slab, metas, pages, slots, todo, hash_in_workers=self.hash_in_workers
+        )
         if checksums and self.durability == "batch":
             try:
                 slab.sync()
@@ -523,7 +447,7 @@ class DiskTier(Tier):
                     old = self._entries.get(key)
                     self._entries[key] = entry
                     if old is not None:
-                        self._unlink(old.slot)
+                        self._slots.unlink(old.slot)
         if self._committer is not None:
             self._committer.note()
         for i in checksums:
@@ -534,7 +458,7 @@ class DiskTier(Tier):
         self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
     ) -> list[bool]:
         self._ensure_open()
-        assert self._slab is not None
+        assert self._slab is not None and self._workers is not None
         slab = self._slab
         found = [False] * len(keys)
         plan: list[tuple[int, IndexEntry]] = []
@@ -547,52 +471,29 @@ class DiskTier(Tier):
                 if entry.meta.namespace_id != namespace_id:
                     self.count_corrupt("namespace")
                     continue
-                self._readers[entry.slot] = self._readers.get(entry.slot, 0) + 1
+                self._slots.pin(entry.slot)
                 entry.atime = now
                 self._dirty.add(key)
                 plan.append((i, entry))
-        bad: list[tuple[bytes, int, str]] = []
-        failure: str | None = None
-        jobs: list[tuple[list[int], list[tuple[bytes, int, np.ndarray]], Future[Any]]] = []
         try:
-            plan.sort(key=lambda p: p[1].slot)
-            slot_of = {i: e.slot for i, e in plan}
-            by_index = dict(plan)
-            for run in slab.runs([i for i, _ in plan], slot_of):
-                items = [(keys[i], by_index[i].checksum, outs[i]) for i in run]
-                if self.hash_in_workers:  # each verifies the run it read, while it is fresh
-                    job = self._submit(slab.read_verified, slot_of[run[0]], namespace_id, items)
-                else:  # the caller verifies run after run as they arrive
-                    job = self._submit(slab.read_run, slot_of[run[0]], [o for _, _, o in items])
-                jobs.append((run, items, job))
-            for run, items, job in jobs:
-                try:
-                    results = job.result()
-                except OSError as exc:
-                    failure = disk_io.describe(exc)
-                    continue
-                if not self.hash_in_workers:
-                    hdr, got = results
-                    results = slab.verify_run(hdr, got, namespace_id, items)
-                for i, reason in zip(run, results):
-                    if reason is None:
-                        found[i] = True
-                    else:
-                        bad.append((keys[i], by_index[i].slot, reason))
+            hits, bad, failure = self._workers.read(
+                slab, namespace_id, keys, outs, plan, hash_in_workers=self.hash_in_workers
+            )
         finally:
-            wait([job for _, _, job in jobs])  # no slot is unpinned while it is being read
             with self._lock:
                 for _, entry in plan:
-                    self._unpin(entry.slot)
+                    self._slots.unpin(entry.slot)
+        for i in hits:
+            found[i] = True
         if plan:
-            self._note_read(failure)
+            self._read_failures.note(failure)
         for key, slot, reason in bad:
             self.count_corrupt(reason)
             self._drop(key, slot)
         stale = time.monotonic() - self._last_flush > ATIME_FLUSH_S
         if self._dirty and stale and not self._flush_queued:
             self._flush_queued = True
-            self._submit(self._flush_atimes)
+            self._workers.submit(self._flush_atimes)
         return found
 
     def _delete(self, keys: Sequence[bytes]) -> int:
@@ -641,7 +542,7 @@ class DiskTier(Tier):
         with self._lock:
             self._pending = []
             for _, slot in removed:
-                self._unlink(slot)
+                self._slots.unlink(slot)
 
     def _forget_all(self) -> None:
         """Forget every published page: the index that named them was replaced by an empty
@@ -649,7 +550,7 @@ class DiskTier(Tier):
         heap and stay theirs; slots being read are freed after their last reader."""
         with self._lock:
             for entry in self._entries.values():
-                self._unlink(entry.slot)
+                self._slots.unlink(entry.slot)
             self._entries = {}
             self._dirty = set()
 
@@ -677,59 +578,6 @@ class DiskTier(Tier):
             log.warning("disk tier %r: last-access flush failed: %s", self.name, exc)
         finally:
             self._flush_queued = False
-
-    def _alloc(self) -> int | None:
-        if self._free:
-            return heapq.heappop(self._free)
-        if self._hwm < self.capacity_pages:
-            self._hwm += 1
-            return self._hwm - 1
-        return None
-
-    def _unlink(self, slot: int) -> None:
-        if self._readers.get(slot):
-            self._zombies.add(slot)
-        else:
-            heapq.heappush(self._free, slot)
-
-    def _unpin(self, slot: int) -> None:
-        left = self._readers[slot] - 1
-        if left:
-            self._readers[slot] = left
-            return
-        del self._readers[slot]
-        if slot in self._zombies:
-            self._zombies.discard(slot)
-            heapq.heappush(self._free, slot)
-
-    def _note_write(self, failure: str | None) -> None:
-        if failure is None:
-            if self._write_failure is not None:
-                log.warning("disk tier %r: writes succeed again", self.name)
-                self._write_failure = None
-            return
-        self.metrics.errors.labels(self.name, "write").inc()
-        if failure != self._write_failure:
-            self._write_failure = failure
-            log.error(
-                "disk tier %r at %s refuses writes: %s; reads keep working and writes resume "
-                "when space frees (evict pages, free disk space or lower the tier's capacity)",
-                self.name, self.path, failure,
-            )
-
-    def _note_read(self, failure: str | None) -> None:
-        if failure is None:
-            if self._read_failure is not None:
-                log.warning("disk tier %r: reads succeed again", self.name)
-                self._read_failure = None
-            return
-        self.metrics.errors.labels(self.name, "read").inc()
-        if failure != self._read_failure:
-            self._read_failure = failure
-            log.error(
-                "disk tier %r at %s: reads fail: %s; served as misses", self.name, self.path,
-                failure,
-            )
 
 
 __all__ = ["ALIGN", "DURABILITY", "DiskTier", "Durability", "aligned_empty"]

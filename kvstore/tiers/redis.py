@@ -1,14 +1,10 @@
 """Redis tier: pages as verified binary records in Redis or a Redis Cluster shared by many nodes.
 
-Storage layout
-    One page is one Redis string ``<key_prefix>:<key hex>`` (e.g. ``kvstore:3f9a…``, 32 hex
-    digits), whose value is a :mod:`kvstore.record` record: the fixed header (namespace id,
-    layout fingerprint, key, parent, payload length and checksum, header checksum; the block's
-    token ids only with ``store_token_ids``) followed by the page bytes, raw or compressed by
-    the codec the header names. The name holds the key only — ``contains`` and ``delete`` get
-    keys without a namespace — and the key already identifies its namespace (it chains from the
-    namespace seed); the namespace is checked from the verified header on every read. The name
-    has no hash tag, so in a cluster the pages of one prompt spread over all shards.
+Storage layout and compression
+    One page is one Redis string named by its key, whose value is a verified binary record:
+    :mod:`kvstore.tiers.redis_records` (the names, the records, zstd compression). The servers
+    and the call across them: :mod:`kvstore.tiers.redis_route`; what this instance knows about
+    keys (owned pages, the header cache, rejected keys): :mod:`kvstore.tiers.redis_book`.
 
 Guarantees
     * **Durability** — whatever the server gives (none, in a cache configured with
@@ -96,89 +92,35 @@ TTL
     tracked: their vanishing is absent too. Another node's put or hit of the same key extends
     the server's TTL without this node knowing, so the count can only err towards *expired* for
     a page that outlived this node's deadline and then vanished another way.
-
-Compression
-    ``compression="zstd"`` (needs the ``zstandard`` package) compresses each page at level 1 and
-    stores it raw when that does not make it smaller. Measured on bf16 KV-like pages (normal
-    values with per-channel scales) on the 2-core CPU machine: 21-22 % fewer bytes, at
-    ~0.6 GB/s compress / ~0.5 GB/s decompress per core; through the tier on loopback, puts ran
-    at ~0.45x and gets at ~0.35x of uncompressed. So it does not pay for speed on loopback or
-    any link faster than ~2-4 Gb/s; it pays for capacity (the same Redis memory holds ~1.4x
-    the pages: 22 % fewer bytes, and the values drop out of jemalloc's 2.5 MiB size class) or on
-    slow links. lz4 gains nothing on bf16 (ratio 1.00); zlib level 1 compresses at ~0.01 GB/s.
-    Off by default. Readers decode compressed records whatever their own setting, so nodes may
-    differ.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from redis.crc import key_slot
 
-from kvstore.errors import InvalidArgument, RecordError, TierUnavailable
-from kvstore.keys import KEY_BYTES, BlockMeta
+from kvstore.errors import InvalidArgument, TierUnavailable
+from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
-from kvstore.metrics import Metrics
-from kvstore.record import (
-    MacJobs,
-    RecordMac,
-    decode_record,
-    default_mac_threads,
-    encode_header,
-    header_bytes,
-    mac_jobs,
-    parse_header,
-    payload_digest,
-    stored_meta,
-    verify_identity,
-    verify_layout,
-    verify_payload,
-)
+from kvstore.metrics import Metrics, ServerStats
+from kvstore.record import RecordMac, default_mac_threads, mac_jobs, stored_meta
 from kvstore.tiers.base import Tier
-from kvstore.tiers.redis_breaker import CircuitBreaker
+from kvstore.tiers.redis_book import KeyBook
 from kvstore.tiers.redis_lanes import Lanes
-from kvstore.tiers.redis_pool import (
-    FLUSH_BYTES,
-    NET_ERRORS,
-    Exchange,
-    ServerPool,
-    ServerStats,
-    run_exchange,
-)
+from kvstore.tiers.redis_pool import FLUSH_BYTES
+from kvstore.tiers.redis_receive import PageReceiver, ValueReceiver
+from kvstore.tiers.redis_records import CODEC_ZSTD, DAMAGED, Records, ahead
 from kvstore.tiers.redis_resp import ReplyError, RespIO, command, command_head
-from kvstore.tiers.redis_setup import (
-    CODECS,
-    connect_cluster,
-    connection_settings,
-    load_zstd,
-    probe,
-    validate,
-)
+from kvstore.tiers.redis_route import Router
+from kvstore.tiers.redis_setup import CODECS, connection_settings, load_zstd, validate
 
 Compression = Literal["none", "zstd"]
 
-CODEC_ZSTD = CODECS["zstd"]  # record codec id of zstd-compressed payloads
-
-#: Failed checks after which the stored value is deleted (it can never be read by anyone).
-#: Other reasons (namespace, layout, version, codec) mean "well-formed but not for us".
-_DAMAGED = frozenset(
-    {"truncated", "magic", "header_checksum", "key", "chain", "length", "payload_checksum",
-     "mac"}
-)
-_META_CACHE = 4096  # recent headers kept for meta()
 _WINDOW_BYTES = 5 << 20  # value bytes in flight per server during a get (deeper costs the server)
-_BACKOFF_S = 0.01  # first retry delay; doubles per retry
-#: A call that moves pages may take timeout_s + its bytes at this rate before it gives up on a
-#: server that is slow but not stalled (a stalled one fails after timeout_s without progress).
-_SLOW_BYTES_PER_S = 50e6
 #: Connections a batch of puts of large pages is split over. Measured on the 2-core machine,
 #: MAC on, against LMCache's client in the same rounds: 2 MiB pages put 0.75-0.83 of LMCache
 #: with 2 lanes, 0.67-0.71 with 1; 4 lanes no faster than 2. Gets were 5-15 % slower with
@@ -247,11 +189,10 @@ class RedisTier(Tier):
         self.retries = int(retries)
         self.ttl_s = ttl_s
         self.compression: Compression = compression
-        self._codec = CODECS[compression]
-        self._zstd = load_zstd(required=compression == "zstd", tier=name)
-        self._local = threading.local()  # zstd (de)compressors are not thread-safe
-        self._prefix = key_prefix.encode() + b":"
-        self._mac = mac if mac is not None else RecordMac(None)
+        self._records = Records(
+            layout, key_prefix, mac if mac is not None else RecordMac(None), CODECS[compression],
+            load_zstd(required=compression == "zstd", tier=name),
+        )
         self.store_token_ids = bool(store_token_ids)
         if mac_threads is None:
             mac_threads = default_mac_threads()
@@ -274,42 +215,28 @@ class RedisTier(Tier):
         # one, each on its way while the next is hashed (2 MiB pages measured 0.69-0.83 of
         # LMCache so, 0.75 in 4 MiB sends: no gain to trade that overlap for).
         self._put_flush = FLUSH_BYTES if layout.page_bytes < LANES_MIN_PAGE_BYTES else 1
-        self._hb = header_bytes(layout)
-        self._rec_len = self._hb + layout.page_bytes
-        self._window = max(1, _WINDOW_BYTES // self._rec_len)
+        self._window = max(1, _WINDOW_BYTES // self._records.record_bytes)
         self._ttl_ms = b"%d" % max(1, round(ttl_s * 1000)) if ttl_s else None
-        self._breaker_args = (breaker_failures, breaker_cooldown_s)
-        self._lock = threading.Lock()
-        #: pages this instance wrote and has not deleted or seen vanish -> the monotonic time by
-        #: which their TTL has surely run out (inf: no TTL)
-        self._owned: dict[bytes, float] = {}
-        self._metas: OrderedDict[bytes, BlockMeta] = OrderedDict()
-        #: Keys whose value failed verification when read (most recent last, bounded): present
-        #: in Redis, but not pages — contains() answers False, so their owner's put rewrites them.
-        self._rejected: OrderedDict[bytes, None] = OrderedDict()
-        self._pools: dict[str, ServerPool] = {}
-        self._cluster: Any = None
-        self._refreshing = False
-        self._last_refresh = 0.0
+        self._lock = threading.Lock()  # guards oom_refused
+        self._book = KeyBook(ttl_s)
         self.oom_refused = 0  # puts refused because the server hit maxmemory
 
-        self._connect = connection_settings(
+        connect = connection_settings(
             name, self.connect_timeout_s, url, cluster_nodes, username, password, tls,
             tls_ca_certs, tls_certfile, tls_keyfile, tls_verify,
         )
-        version = probe(self._connect, cluster=cluster_nodes is not None)
-        self._getex = ttl_s is not None and version >= (6, 2)
-        if cluster_nodes is None:
-            host, port = self._connect.seeds[0]
-            self._single: ServerPool | None = self._pool_for(host, port)
-        else:
-            self._single = None
-            self._cluster = connect_cluster(self._connect)
+        self._router = Router(
+            name, connect, self.metrics, cluster=cluster_nodes is not None,
+            timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s,
+            retries=self.retries, breaker_failures=breaker_failures,
+            breaker_cooldown_s=breaker_cooldown_s,
+        )
+        self._getex = ttl_s is not None and self._router.version >= (6, 2)
 
     # ----------------------------------------------------------------- hooks
 
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
-        names = [self._name(k) for k in keys]
+        names = [self._records.name(k) for k in keys]
         found = [False] * len(keys)
         gone: list[bytes] = []  # answered absent (not: on a server that failed)
         refusals = [0]
@@ -323,104 +250,44 @@ class RedisTier(Tier):
                 gone.append(keys[i])
             return False
 
-        self._call("contains", names, lambda i: (command(b"EXISTS", names[i]),), handle)
+        self._router.call("contains", names, lambda i: (command(b"EXISTS", names[i]),), handle)
         self._count_refusals("contains", refusals)
         if gone:
             self._forget(gone, vanished="contains")
-        with self._lock:
-            rejected = self._rejected
-            if rejected:
-                found = [f and k not in rejected for k, f in zip(keys, found)]
-        return found
+        return self._book.unrejected(keys, found)
 
     def _read(
         self, namespace_id: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray]
     ) -> list[bool]:
-        names = [self._name(k) for k in keys]
-        found = [False] * len(keys)
-        gone: list[bytes] = []
+        names = [self._records.name(k) for k in keys]
         bad: dict[bytes, bool] = {}  # key whose value failed verification -> delete it?
-        hits: list[BlockMeta] = []
         refusals = [0]
-        hdr = bytearray(self._hb)
-        hdr_mv = memoryview(hdr)
-        rec_len, hb, page_bytes = self._rec_len, self._hb, self.layout.page_bytes
-        max_len = hb + page_bytes + page_bytes // 64 + 4096  # raw, or compressed with overhead
         if self._getex:
             px = self._ttl_ms or b""
             build = lambda i: (command(b"GETEX", names[i], b"PX", px),)  # noqa: E731
         else:
             build = lambda i: (command(b"GET", names[i]),)  # noqa: E731
-
-        def settle(i: int, got: BlockMeta | RecordError, hdr: Any) -> None:
-            if isinstance(got, RecordError):
-                self._bad(keys[i], got.reason, bad, hdr)
-            else:
-                found[i] = True
-                hits.append(got)
-
-        def handle(io: RespIO, i: int) -> bool:
-            n = io.read_bulk_len()
-            if isinstance(n, ReplyError):
-                if n.prefix == "WRONGTYPE":  # something that is not a string under our prefix
-                    self._bad(keys[i], "magic", bad)
-                    return False
-                return self._refused(n, refusals)
-            if n < 0:
-                gone.append(keys[i])
-                return False
-            out = outs[i]
-            if n == rec_len:  # raw record: header, then the page straight into the caller's buffer
-                if jobs is not None:  # verified on the MAC pool while the next page arrives
-                    head = bytearray(hb)
-                    io.read_into(memoryview(head))
-                    io.read_into(out.data)
-                    io.expect_crlf()
-                    heads[i] = head
-                    jobs.start(i, _attempt, self._verify, head, out, None, namespace_id, keys[i])
-                    return False
-                io.read_into(hdr_mv)
-                digest = payload_digest(self._mac, hdr_mv)  # the MAC, fed as the page arrives
-                io.read_into(out.data, digest)
-                io.expect_crlf()
-                settle(i, _attempt(self._verify, hdr_mv, out, digest, namespace_id, keys[i]),
-                       hdr_mv)
-            elif hb <= n <= max_len:
-                rec = bytearray(n)
-                io.read_into(memoryview(rec))
-                io.expect_crlf()
-                if jobs is not None:
-                    heads[i] = rec
-                    jobs.start(i, _attempt, self._verify_slow, rec, out, namespace_id, keys[i])
-                else:
-                    settle(i, _attempt(self._verify_slow, rec, out, namespace_id, keys[i]), rec)
-            else:  # no record of this layout has this size: its header says whose it is
-                got = min(n, hb)
-                io.read_into(hdr_mv[:got])
-                io.skip(n - got)
-                io.expect_crlf()
-                self._check_size(hdr_mv[:got], n, keys[i], bad)
-            return False
-
         jobs = mac_jobs(len(keys), self.mac_threads)
-        heads: dict[int, Any] = {}  # item -> its header (or record), for the pool's jobs
+        got = PageReceiver(
+            self._records, namespace_id, keys, outs, jobs,
+            lambda key, reason, hdr: self._bad(key, reason, bad, hdr),
+            lambda reply: self._refused(reply, refusals),
+        )
+        nbytes, window = len(names) * self._records.record_bytes, self._window
         if jobs is None:
-            self._call("read", names, build, handle, window=self._window,
-                       nbytes=len(names) * rec_len)
+            self._router.call("read", names, build, got.handle, window=window, nbytes=nbytes)
         else:
             with jobs:  # every job is done before the caller gets its buffers back
-                self._call("read", names, build, handle, window=self._window,
-                           nbytes=len(names) * rec_len)
-            for i, got in jobs.results():
-                settle(i, got, heads[i])
+                self._router.call("read", names, build, got.handle, window=window, nbytes=nbytes)
+            got.settle_jobs()
         self._count_refusals("read", refusals)
-        if hits:
-            self._remember(hits, refreshed=self._getex)
-        if gone:
-            self._forget(gone, vanished="read")
+        if got.hits:
+            self._book.remember(got.hits, refreshed=self._getex)
+        if got.gone:
+            self._forget(got.gone, vanished="read")
         if bad:
             self._reject(bad)
-        return found
+        return got.found
 
     def _write(self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]) -> list[bool]:
         metas = [stored_meta(m, self.store_token_ids) for m in metas]  # also what meta() says
@@ -432,7 +299,8 @@ class RedisTier(Tier):
     def _write_lane(
         self, metas: Sequence[BlockMeta], pages: Sequence[np.ndarray]
     ) -> list[bool]:
-        names = [self._name(m.key) for m in metas]
+        records = self._records
+        names = [records.name(m.key) for m in metas]
         stored = [False] * len(metas)
         tail = b"\r\n" + (b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(self._ttl_ms), self._ttl_ms)
                           if self._ttl_ms else b"")
@@ -444,9 +312,9 @@ class RedisTier(Tier):
 
         def build(i: int) -> Sequence[Any]:
             if jobs is None:
-                header, payload = self._record(metas[i], pages[i])
+                header, payload = records.record(metas[i], pages[i])
             else:
-                header, payload = _ahead(jobs, i, len(metas), self._record, metas, pages)
+                header, payload = ahead(jobs, i, len(metas), records.record, metas, pages)
             size = len(header) + memoryview(payload).nbytes
             head = command_head((b"SET", names[i]), size, extra)
             return (head, header, payload, tail)
@@ -461,26 +329,23 @@ class RedisTier(Tier):
             stored[i] = True
             return False
 
-        nbytes, flush = len(names) * self._rec_len, self._put_flush
+        nbytes, flush = len(names) * records.record_bytes, self._put_flush
         if jobs is None:
-            self._call("write", names, build, handle, nbytes=nbytes, flush=flush)
+            self._router.call("write", names, build, handle, nbytes=nbytes, flush=flush)
         else:
             with jobs:  # no job reads a caller's page after the call
-                self._call("write", names, build, handle, nbytes=nbytes, flush=flush)
+                self._router.call("write", names, build, handle, nbytes=nbytes, flush=flush)
         if oom[0]:
             with self._lock:
                 self.oom_refused += oom[0]
         self._count_refusals("write", refusals)
         done = [m for m, ok in zip(metas, stored) if ok]
         if done:
-            deadline = time.monotonic() + self.ttl_s if self.ttl_s else math.inf
-            with self._lock:
-                self._owned.update(dict.fromkeys([m.key for m in done], deadline))
-            self._remember(done)
+            self._book.wrote(done)
         return stored
 
     def _delete(self, keys: Sequence[bytes]) -> int:
-        names = [self._name(k) for k in keys]
+        names = [self._records.name(k) for k in keys]
         counts = [0] * len(keys)
         refusals = [0]
 
@@ -491,7 +356,7 @@ class RedisTier(Tier):
             counts[i] = int(reply)
             return False
 
-        self._call("delete", names, lambda i: (command(b"DEL", names[i]),), handle)
+        self._router.call("delete", names, lambda i: (command(b"DEL", names[i]),), handle)
         self._count_refusals("delete", refusals)
         self._forget(keys)
         return sum(counts)
@@ -504,61 +369,25 @@ class RedisTier(Tier):
         without the secret rewrote: that reads as no namespace's page (None), is counted under
         its reason (``mac``), and the damaged value is deleted like on a read. A value that is
         merely foreign (another layout's or version's, an unknown codec) is None and left."""
-        with self._lock:
-            if key in self._rejected:
-                return None
-            meta = self._metas.get(key)
-            if meta is not None:
-                self._metas.move_to_end(key)
-                return meta
-        name = self._name(key)
-        got: list[Any] = [None]  # the record, or (the value's size, its first bytes), or a reason
-        max_len = self._hb + self.layout.page_bytes + self.layout.page_bytes // 64 + 4096
-
-        def handle(io: RespIO, i: int) -> bool:
-            n = io.read_bulk_len()
-            if isinstance(n, ReplyError):
-                if n.prefix == "WRONGTYPE":  # not a string under our prefix, as a read sees it
-                    got[0] = "magic"
-                    return False
-                return self._is_moved(n)
-            if n < 0:
-                return False
-            if self._hb <= n <= max_len:  # a record of this layout has such a size
-                rec = bytearray(n)
-                io.read_into(memoryview(rec))
-                got[0] = rec
-            else:  # none has: its header says whose it is (as a read classes it)
-                head = bytearray(min(n, self._hb))
-                io.read_into(memoryview(head))
-                io.skip(n - len(head))
-                got[0] = (n, head)
-            io.expect_crlf()
-            return False
-
+        known, meta = self._book.cached(key)
+        if known:
+            return meta
+        name = self._records.name(key)
+        got = ValueReceiver(self._records, self._router.is_moved)
         try:
-            self._call("contains", [name], lambda i: (command(b"GET", name),), handle,
-                       nbytes=max_len)
+            self._router.call("contains", [name], lambda i: (command(b"GET", name),), got.handle,
+                              nbytes=self._records.max_bytes)
         except TierUnavailable:
             return None
-        value = got[0]
+        value = got.value
         if value is None:  # gone
             return None
-        if isinstance(value, str):
-            reason = value
-        elif isinstance(value, tuple):
-            reason = _size_reason(value[1], value[0], self.layout)
-        else:
-            try:
-                header, _ = decode_record(value, self.layout, self._mac, namespace_id=None,
-                                          key=key)
-            except RecordError as exc:
-                reason = exc.reason
-            else:
-                meta = header.meta()
-                self._remember([meta])
-                return meta
-        if reason in _DAMAGED:  # a merely foreign value is not ours to count or judge
+        found = value if isinstance(value, str) else self._records.identify(value, key)
+        if not isinstance(found, str):
+            self._book.remember([found])
+            return found
+        reason = found
+        if reason in DAMAGED:  # a merely foreign value is not ours to count or judge
             bad: dict[bytes, bool] = {}
             self._bad(key, reason, bad)
             self._reject(bad)
@@ -568,40 +397,31 @@ class RedisTier(Tier):
         return iter(())  # a shared cache's keys are not this node's; see the module docstring
 
     def _used(self) -> int:
-        return len(self._owned)
+        return self._book.owned()
 
     def close(self) -> None:
         super().close()
         self._lanes.close()
-        with self._lock:
-            pools = list(self._pools.values())
-            cluster, self._cluster = self._cluster, None
-        for pool in pools:
-            pool.close()
-        if cluster is not None:
-            with contextlib.suppress(Exception):  # closing is best effort
-                cluster.close()
+        self._router.close()
 
     # ----------------------------------------------------------------- introspection
 
     def server_stats(self) -> list[ServerStats]:
         """Per-server breaker state and counters (round trips, failures, fast rejections)."""
-        with self._lock:
-            pools = list(self._pools.values())
-        return [p.stats() for p in pools]
+        return self._router.stats()
 
     def ping(self) -> bool:
         """Whether every server answers now (one EXISTS through the tier's own path, bounded by
         ``timeout_s``; an open breaker answers False at once). For readiness checks."""
         self._check_open()
-        name = self._prefix + b"ping"
+        name = self._records.prefix + b"ping"
 
         def handle(io: RespIO, i: int) -> bool:
             reply = io.read_flag()
-            return isinstance(reply, ReplyError) and self._is_moved(reply)
+            return isinstance(reply, ReplyError) and self._router.is_moved(reply)
 
         try:
-            self._call("contains", [name], lambda i: (command(b"EXISTS", name),), handle)
+            self._router.call("contains", [name], lambda i: (command(b"EXISTS", name),), handle)
         except TierUnavailable:
             return False
         return True
@@ -612,252 +432,37 @@ class RedisTier(Tier):
         must reach pages this node did not write (flushing a namespace); not for hot paths.
         Raises TierUnavailable when a server does not answer."""
         self._check_open()
-        if self._single is not None:
-            servers = [self._connect.seeds[0]]
-        else:
-            servers = [(n.host, int(n.port)) for n in self._cluster.get_primaries()]
-        match = self._prefix + b"*"
-        for host, port in servers:
-            conn = self._connect.connection(host, port)
-            conn.socket_connect_timeout = self.connect_timeout_s
-            conn.socket_timeout = self.timeout_s
-            try:
-                cursor = b"0"
-                while True:
-                    conn.send_command("SCAN", cursor, "MATCH", match, "COUNT", count)
-                    cursor, names = conn.read_response()
-                    for n in names:
-                        hexkey = n[len(self._prefix):]
-                        if len(hexkey) == 2 * KEY_BYTES:
-                            with contextlib.suppress(ValueError):
-                                yield bytes.fromhex(hexkey.decode("ascii", "replace"))
-                    if cursor in (b"0", 0, "0"):
-                        break
-            except NET_ERRORS as exc:
-                raise TierUnavailable(
-                    f"redis tier {self.name!r}: {host}:{port} failed during SCAN: "
-                    f"{type(exc).__name__}",
-                    hint="check the redis servers, or retry") from None
-            finally:
-                conn.disconnect()
+        yield from self._router.scan_keys(self._records.prefix, count)
 
-    # ----------------------------------------------------------------- the call
-
-    def _call(
-        self,
-        op: str,
-        names: list[bytes],
-        build: Any,
-        handle: Any,
-        *,
-        window: int | None = None,
-        nbytes: int = 0,
-        flush: int = FLUSH_BYTES,
-    ) -> None:
-        """One pipelined exchange for ``names`` (moving ``nbytes`` of values); items of
-        unavailable servers keep their default result. Raises TierUnavailable when every item
-        failed (the base class counts it); counts an error when only some did (a cluster with
-        one shard down)."""
-        deadline = time.monotonic() + self.timeout_s + nbytes / _SLOW_BYTES_PER_S
-        items = list(range(len(names)))
-        ex = Exchange(build, handle, window, flush)
-        failed: list[int] = []
-        for attempt in (0, 1):
-            groups, uncovered = self._route(names, items)
-            failed.extend(uncovered)
-            outcome = run_exchange(
-                groups, ex, deadline=deadline, wait_s=self.timeout_s, retries=self.retries,
-                backoff_s=_BACKOFF_S, connect_timeout_s=self.connect_timeout_s,
-            )
-            failed.extend(outcome.failed)
-            if (outcome.failed or uncovered) and self._cluster is not None:
-                self._refresh_topology(background=True)  # a failover may have moved the slots
-            if not outcome.moved:
-                break
-            if attempt == 0 and self._cluster is not None:
-                self._refresh_topology(background=False)
-                items = outcome.moved
-            else:
-                failed.extend(outcome.moved)
-        if failed:
-            if len(failed) == len(names):
-                raise TierUnavailable(
-                    f"redis tier {self.name!r}: no server answered {op} within {self.timeout_s}s",
-                    hint="check the redis servers, or raise the tier's timeout_s",
-                )
-            self.metrics.errors.labels(self.name, op).inc()
-
-    def _route(
-        self, names: list[bytes], items: list[int]
-    ) -> tuple[dict[ServerPool, list[int]], list[int]]:
-        """Items grouped by the server that owns them, and the items of uncovered slots."""
-        if self._single is not None:
-            return {self._single: items}, []
-        cluster = self._cluster
-        if cluster is None:  # closed
-            return {}, list(items)
-        slots = cluster.nodes_manager.slots_cache
-        groups: dict[ServerPool, list[int]] = {}
-        uncovered: list[int] = []
-        for i in items:
-            nodes = slots.get(key_slot(names[i]))
-            if nodes:
-                groups.setdefault(self._pool_for(nodes[0].host, int(nodes[0].port)), []).append(i)
-            else:  # no shard serves this slot (a broken cluster): like a dead server
-                uncovered.append(i)
-        return groups, uncovered
-
-    def _pool_for(self, host: str, port: int) -> ServerPool:
-        key = f"{host}:{port}"
-        pool = self._pools.get(key)
-        if pool is not None:
-            return pool
-        with self._lock:
-            pool = self._pools.get(key)
-            if pool is None:
-                connect = self._connect
-                pool = ServerPool(
-                    key, lambda: connect.connection(host, port),
-                    CircuitBreaker(*self._breaker_args), tier=self.name,
-                )
-                self._pools[key] = pool
-            return pool
-
-    # ----------------------------------------------------------------- records
-
-    def _name(self, key: bytes) -> bytes:
-        return self._prefix + key.hex().encode()
-
-    def _record(self, meta: BlockMeta, page: np.ndarray) -> tuple[bytes, Any]:
-        """The header and payload of ``page``'s record (encoded by the codec, tagged by the MAC)."""
-        payload, flags = self._encode(page)
-        return encode_header(meta, self.layout, payload, self._mac, flags=flags), payload
-
-    def _encode(self, page: np.ndarray) -> tuple[Any, int]:
-        if not self._codec:
-            return page, 0
-        packed = self._compressor().compress(page)
-        if len(packed) >= page.nbytes:
-            return page, 0
-        return packed, self._codec
-
-    def _verify(
-        self, hdr: Any, out: np.ndarray, digest: Any, ns: bytes, key: bytes
-    ) -> BlockMeta:
-        """Verify a raw record whose page already sits in ``out``, the caller's buffer: ``hdr``
-        its header; ``digest`` the MAC's hasher (``record.payload_digest``) that the page was fed
-        to as it arrived, or None to hash it here (on the MAC pool). Raises RecordError."""
-        header = parse_header(hdr, self.layout)
-        verify_layout(header, self.layout)
-        if header.codec:
-            raise RecordError(f"a page-sized payload of codec {header.codec}", reason="length")
-        verify_payload(header, out, self._mac, digest)
-        verify_identity(header, namespace_id=ns, key=key)  # authenticated by now
-        return header.meta()
-
-    def _verify_slow(self, rec: bytearray, out: np.ndarray, ns: bytes, key: bytes) -> BlockMeta:
-        """Verify a record of another size (compressed, or damaged) and decode it into ``out``.
-        Raises RecordError."""
-        view = memoryview(rec)
-        page_bytes = self.layout.page_bytes
-        header, payload = decode_record(view, self.layout, self._mac, namespace_id=ns, key=key)
-        if header.codec == 0:
-            raise RecordError("raw payload of the wrong size", reason="length")
-        if header.codec != CODEC_ZSTD or self._zstd is None:
-            raise RecordError(f"unknown or unavailable codec {header.codec}", reason="codec")
-        try:
-            data = self._decompressor().decompress(payload, max_output_size=page_bytes)
-        except self._zstd.ZstdError as exc:
-            raise RecordError(f"zstd: {exc}", reason="codec") from None
-        if len(data) != page_bytes:
-            raise RecordError(f"decoded {len(data)} bytes", reason="length")
-        out[:] = np.frombuffer(data, np.uint8)
-        return header.meta()
-
-    def _check_size(self, hdr: memoryview, n: int, key: bytes, bad: dict[bytes, bool]) -> None:
-        """Classify a value of ``n`` bytes, a size no record of this layout has, by its header
-        (``hdr``, its first bytes; not authenticated: its payload was not read): another
-        layout's or version's well-formed record is left for its readers; anything else --
-        this layout's header on a value of the wrong size, whatever namespace it names -- is
-        damage."""
-        self._bad(key, _size_reason(hdr, n, self.layout), bad)
+    # ----------------------------------------------------------------- helpers
 
     def _bad(self, key: bytes, reason: str, bad: dict[bytes, bool], hdr: Any = None) -> None:
-        """Count a value that failed verification and note whether to delete it. ``hdr``: its
-        header, authenticated when ``reason`` is ``namespace`` (the only identity failure
-        that leaves a value alone, and only once the MAC verified it)."""
+        """Count a value that failed verification and note whether to delete it
+        (``Records.damaged``; ``hdr``: its header)."""
         self.count_corrupt(reason)
-        bad[key] = reason in _DAMAGED or (
-            reason == "namespace" and not _genuine(hdr, key, self.layout)
-        )
+        bad[key] = self._records.damaged(key, reason, hdr)
 
     def _reject(self, bad: dict[bytes, bool]) -> None:
         """After a read: remember the keys whose values failed verification (``contains``
         answers absent for them, so their owner's next put overwrites them) and delete the
         damaged ones."""
-        with self._lock:
-            rejected = self._rejected
-            for key in bad:
-                rejected[key] = None
-                rejected.move_to_end(key)
-                self._metas.pop(key, None)
-            while len(rejected) > _META_CACHE:
-                rejected.popitem(last=False)
+        self._book.reject(bad)
         damaged = [k for k, delete in bad.items() if delete]
         if damaged:
             with contextlib.suppress(TierUnavailable):  # else the next reader finds it again
                 self._delete(damaged)
 
-    def _compressor(self) -> Any:
-        c = getattr(self._local, "c", None)
-        if c is None:
-            c = self._local.c = self._zstd.ZstdCompressor(level=1)
-        return c
-
-    def _decompressor(self) -> Any:
-        d = getattr(self._local, "d", None)
-        if d is None:
-            d = self._local.d = self._zstd.ZstdDecompressor()
-        return d
-
-    # ----------------------------------------------------------------- bookkeeping
-
-    def _remember(self, metas: Sequence[BlockMeta], *, refreshed: bool = False) -> None:
-        """Headers just written or verified by a read: cached for meta(), no longer rejected.
-        ``refreshed``: the read reset their TTL (GETEX), so owned pages expire later."""
-        deadline = time.monotonic() + self.ttl_s if refreshed and self.ttl_s else None
-        with self._lock:
-            cache, owned = self._metas, self._owned
-            for m in metas:
-                cache[m.key] = m
-                cache.move_to_end(m.key)
-                self._rejected.pop(m.key, None)
-                if deadline is not None and m.key in owned:
-                    owned[m.key] = deadline
-            while len(cache) > _META_CACHE:
-                cache.popitem(last=False)
-
     def _forget(self, keys: Sequence[bytes], *, vanished: str = "") -> None:
         """Keys deleted, or that a server answered absent to operation ``vanished``: an owned
         page whose TTL has surely run out by now is counted expired."""
-        now, expired = time.monotonic(), 0
-        with self._lock:
-            owned, rejected = self._owned, self._rejected
-            for k in keys:
-                deadline = owned.pop(k, None)
-                if vanished and deadline is not None and deadline <= now:
-                    expired += 1
-                rejected.pop(k, None)
+        expired = self._book.forget(keys, vanished=vanished)
         if expired:
             self.count_expired(expired, vanished)
-
-    def _is_moved(self, reply: ReplyError) -> bool:
-        return self._cluster is not None and reply.prefix in ("MOVED", "ASK")
 
     def _refused(self, reply: ReplyError, refusals: list[int]) -> bool:
         """An error answer to one command: True to re-route it (MOVED/ASK), else counted in
         ``refusals`` (NOPERM, READONLY, LOADING, CLUSTERDOWN...: the item is a miss/refused)."""
-        if self._is_moved(reply):
+        if self._router.is_moved(reply):
             return True
         refusals[0] += 1
         return False
@@ -865,79 +470,6 @@ class RedisTier(Tier):
     def _count_refusals(self, op: str, refusals: list[int]) -> None:
         if refusals[0]:  # the server answers but will not serve: one error per call
             self.metrics.errors.labels(self.name, op).inc()
-
-    # ----------------------------------------------------------------- cluster topology
-
-    def _refresh_topology(self, *, background: bool) -> None:
-        """Re-read the cluster's slot map (after MOVED, or a failed server: a failover).
-        At most once per breaker cooldown; in the background when asked."""
-        with self._lock:
-            now = time.monotonic()
-            if self._refreshing or now - self._last_refresh < self._breaker_args[1]:
-                return
-            self._refreshing = True
-            self._last_refresh = now
-            cluster = self._cluster
-
-        def refresh() -> None:
-            try:
-                if cluster is not None:
-                    cluster.nodes_manager.initialize()
-            except Exception:  # noqa: BLE001 - keep the old map; the breaker handles the rest
-                pass
-            finally:
-                with self._lock:
-                    self._refreshing = False
-
-        if background:
-            threading.Thread(target=refresh, name="kvstore-redis-topology", daemon=True).start()
-        else:
-            refresh()
-
-
-def _ahead(
-    jobs: MacJobs, i: int, n: int, record: Any, metas: Sequence[BlockMeta],
-    pages: Sequence[np.ndarray],
-) -> tuple[bytes, Any]:
-    """Item ``i``'s ``record(metas[i], pages[i])`` from the MAC pool, having started the
-    records of the items after it (in index order, two per pool thread ahead): the pool hashes
-    the next pages while the calling thread sends this one."""
-    for k in range(i, min(n, i + 1 + 2 * jobs.threads)):
-        if k not in jobs:
-            jobs.start(k, record, metas[k], pages[k])
-    return jobs.result(i)
-
-
-def _attempt(verify: Any, *args: Any) -> BlockMeta | RecordError:
-    """``verify(*args)``, or the RecordError it raised."""
-    try:
-        return verify(*args)
-    except RecordError as exc:
-        return exc
-
-
-def _size_reason(hdr: Any, n: int, layout: KVLayout) -> str:
-    """Why a value of ``n`` bytes, a size no record of ``layout`` has, is not a page, by its
-    first bytes ``hdr``: another layout's or version's reason (left for its readers), else
-    ``length`` (damage)."""
-    try:
-        verify_layout(parse_header(hdr, layout), layout)
-    except RecordError as exc:
-        return exc.reason
-    return "length"
-
-
-def _genuine(hdr: Any, key: bytes, layout: KVLayout) -> bool:
-    """Whether an authenticated header that failed the namespace check is nonetheless a
-    self-consistent record of ``key`` (another tenant's page asked for under the wrong
-    namespace: leave it alone)."""
-    if hdr is None:
-        return False
-    try:
-        header = parse_header(hdr, layout)
-    except RecordError:
-        return False
-    return header.key == key and header.chains()
 
 
 __all__ = ["CODEC_ZSTD", "RedisTier", "ServerStats"]

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Literal
 
-BreakerState = Literal["closed", "open", "half_open"]
+from kvstore.metrics import BreakerState
 
 
 class CircuitBreaker:

@@ -41,7 +41,8 @@ from typing import Any
 
 import redis.exceptions
 
-from kvstore.tiers.redis_breaker import BreakerState, CircuitBreaker
+from kvstore.metrics import ServerStats
+from kvstore.tiers.redis_breaker import CircuitBreaker
 from kvstore.tiers.redis_resp import ProtocolError, RespIO
 
 #: Errors that mean "the server did not answer properly": unreachable, timed out, a broken stream
@@ -63,22 +64,6 @@ _NOT_RETRIED: tuple[type[BaseException], ...] = (TimeoutError, socket.timeout,
 FLUSH_BYTES = 4 << 20
 
 log = logging.getLogger("kvstore.tiers.redis")
-
-
-@dataclass(frozen=True, slots=True)
-class ServerStats:
-    """A snapshot of one server's counters, as seen by this tier instance."""
-
-    server: str
-    breaker: BreakerState
-    #: Pipelined exchanges started with this server (one per call touching it, plus retries).
-    exchanges: int
-    #: Calls that failed (unreachable, timed out, broken stream) after their retries.
-    failures: int
-    #: Calls answered at once because the breaker was open.
-    rejected: int
-    #: Times the breaker opened.
-    trips: int
 
 
 class Link:

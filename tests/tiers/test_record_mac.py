@@ -29,8 +29,7 @@ from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
 from kvstore import record
 from kvstore.record import RecordMac, encode_header, header_bytes, parse_header
-from kvstore.tiers import disk_io, disk_slab
-from kvstore.tiers import redis as redis_mod
+from kvstore.tiers import disk_io, disk_slab, redis_records
 from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.redis import RedisTier
 from tests.redis_servers import RedisServer
@@ -254,7 +253,7 @@ def test_redis_parallel_verification_catches_a_forged_page_mid_batch(
         assert t.write(ch.metas(), list(genuine)) == [True] * BATCH  # headers from the pool
         stored = r.get(name)
         r.set(name, forge(stored[: header_bytes(LAYOUT)], evil.tobytes(), attacker_key))
-        threads = spy_threads(monkeypatch, redis_mod)
+        threads = spy_threads(monkeypatch, redis_records)
         outs = pages(BATCH, 2)
         want = [i != MIDDLE for i in range(BATCH)]
         assert t.read(ns.id, ch.keys, list(outs)) == want
