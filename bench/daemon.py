@@ -31,11 +31,14 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
+
+if TYPE_CHECKING:
+    from kvstore import KVLayout, Tier
 
 LOOKUP_KEYS = 2048  # a 32K-token prompt in 16-token blocks
 LOOKUP_RUNS = 400
@@ -207,17 +210,21 @@ def _prefault(slab: np.ndarray) -> None:
     int(flat[::4096].sum())
 
 
+def _host_tier(layout: KVLayout, num_pages: int) -> Tier:
+    """A host tier of ``num_pages`` pages, built as a configuration's would be."""
+    from kvstore import build_tier
+
+    return build_tier({"kind": "host", "capacity": num_pages * layout.page_bytes}, layout)
+
+
 def _inproc_client(layout_cfg: dict[str, Any], host_pages: int, pages: int, rounds: int,
                    mode: str, _i: int, _barrier: Any, q: Any) -> None:
     """The baseline: the client's workload on an in-process store, in a process of its own."""
     from kvstore import KVLayout, Namespace, TieredStore
-    from kvstore.tiers.host import HostTier
 
     layout = KVLayout(**layout_cfg)
-    store = TieredStore(layout, [HostTier("host", layout, host_pages)])
-    host = store.tier("host")
-    assert isinstance(host, HostTier)
-    host.slab.fill(0)  # fault the slab in before timing
+    store = TieredStore(layout, [_host_tier(layout, host_pages)])
+    store.staging_tier("host").slab.fill(0)  # fault the slab in before timing
     q.put(_workload(store, Namespace("bench", layout, "inproc"), pages, rounds, 99, mode))
     store.close()
 
@@ -256,7 +263,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = add_standard_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     args = parser.parse_args(argv)
     from kvstore import KVLayout, Namespace, TieredStore
-    from kvstore.tiers.host import HostTier
 
     layout_cfg = _layout_cfg(args.quick)
     layout = KVLayout(**layout_cfg)
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = []
     # baseline: the same lookups on an in-process store
     small = KVLayout(**LOOKUP_LAYOUT)  # type: ignore[arg-type]
-    inproc = TieredStore(small, [HostTier("host", small, LOOKUP_KEYS + 64)])
+    inproc = TieredStore(small, [_host_tier(small, LOOKUP_KEYS + 64)])
     base_lat = _lookups(inproc, Namespace("bench", small, "inproc"), LOOKUP_RUNS)
     inproc.close()
     base_p50, base_p99 = (float(np.percentile(base_lat, p)) * 1e3 for p in (50, 99))

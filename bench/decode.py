@@ -48,7 +48,7 @@ from bench.common import (
 )
 from bench.ttft import hf_and_ours
 from kvstore import Metrics, Namespace
-from kvstore.tiers.hbm import HBMTier
+from kvstore.pool import HBMTier
 from runtime import LlamaForPagedLM
 from runtime.config import ModelConfig
 from runtime.engine import Engine

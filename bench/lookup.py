@@ -30,8 +30,7 @@ from bench.common import (
     print_table,
     record,
 )
-from kvstore import KVLayout, Metrics, Namespace, TieredStore
-from kvstore.tiers.host import HostTier
+from kvstore import KVLayout, Namespace, TieredStore, build_tier
 
 PROMPT_TOKENS = 32 * 1024
 BLOCK = 16
@@ -58,7 +57,8 @@ def _sha256_chain(tokens: list[int]) -> list[bytes]:
 
 
 def build_store(n_pages: int, ns: Namespace, prompt_keys_from) -> TieredStore:  # noqa: ANN001
-    tier = HostTier("host", LAYOUT, n_pages, Metrics(), pin_memory=False)
+    tier = build_tier({"kind": "host", "capacity": n_pages * LAYOUT.page_bytes,
+                       "pin_memory": False}, LAYOUT)
     store = TieredStore(LAYOUT, [tier], ["lru"])
     pages = np.zeros((4096, LAYOUT.page_bytes), dtype=np.uint8)
     rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ blocks, bf16) and of 256 KiB (the same with 4 layers) — in batches of 16 and o
 * **baseline** — raw O_DIRECT I/O on a plain, preallocated file in the same directory: each
   batch is one sequential ``pwritev`` (``preadv``) of the batch's pages at the next offset; the
   writes end with one ``fdatasync``. That is what one sequential stream gets from the device.
-* **kvstore** — ``DiskTier.write`` / ``DiskTier.read`` of the same pages under their keys, from
+* **kvstore** — the disk tier's ``write`` / ``read`` of the same pages under their keys, from
   4096-aligned buffers, default options: ``durability="group"`` (a put returns once its record
   and index entry are written; a background group commit flushes both within 100 ms; the
   pass's last batch includes a ``sync()``, as the raw writes' last batch includes their
@@ -49,10 +49,11 @@ import numpy as np
 
 from bench import lmcache_peer
 from bench.mac import VARIANT_OFF, VARIANT_ON, mac_cost_line, tier_macs
+from kvstore import Tier, build_tier, direct_io
+from kvstore.buffers import aligned_empty
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
-from kvstore.tiers import disk_io
-from kvstore.tiers.disk import DiskTier
+from kvstore.record import RecordMac
 
 BENCH = "tiers"
 LLAMA3_8B = KVLayout(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16")
@@ -63,8 +64,8 @@ _LOCAL_DIRS = ("/var/tmp", str(Path(__file__).resolve().parent.parent))
 def default_dir(need_bytes: int) -> str:
     """A local, disk-backed directory with room: /var/tmp, else the checkout (never tmpfs)."""
     for d in _LOCAL_DIRS:
-        fs = disk_io.filesystem_type(Path(d))
-        if fs in ("tmpfs", "ramfs") or disk_io.is_network_filesystem(fs):
+        fs = direct_io.filesystem_type(Path(d))
+        if fs in ("tmpfs", "ramfs") or direct_io.is_network_filesystem(fs):
             continue
         try:
             st = os.statvfs(d)
@@ -78,7 +79,7 @@ def default_dir(need_bytes: int) -> str:
 
 def _pages(n: int, page_bytes: int, *, aligned: bool, fill: bool) -> np.ndarray:
     """``n`` pages in one buffer, 4096-aligned or deliberately off by 64 bytes."""
-    raw = disk_io.aligned_empty(n * page_bytes + 4096)
+    raw = aligned_empty(n * page_bytes + 4096)
     pages = raw[: n * page_bytes] if aligned else raw[64 : 64 + n * page_bytes]
     if fill:
         rng = np.random.default_rng(0)
@@ -106,7 +107,7 @@ def measure(args: Any) -> list[dict[str, Any]]:
         for batch in BATCHES:
             work = Path(tempfile.mkdtemp(prefix="kvstore-bench-disk-", dir=base))
             try:
-                if disk_io.probe_o_direct(work) is not None:
+                if direct_io.probe_o_direct(work) is not None:
                     raise SystemExit(
                         f"bench.tiers disk: {work} refuses O_DIRECT; pass --dir on a local disk"
                     )
@@ -142,19 +143,17 @@ def _measure(
     names = lmcache_peer.keys(f"kvbench-{label}", num_pages)
     for rep in range(reps):
         raw_path = work / "raw.dat"
-        fd = os.open(raw_path, os.O_RDWR | os.O_CREAT | disk_io.O_DIRECT, 0o644)
-        tiers: dict[str, DiskTier] = {}
+        fd = os.open(raw_path, os.O_RDWR | os.O_CREAT | direct_io.O_DIRECT, 0o644)
+        tiers: dict[str, Tier] = {}
         lmc: lmcache_peer.NativeClient | None = None
         try:
             os.posix_fallocate(fd, 0, num_pages * page)  # the tier's slab is preallocated too
             sides: dict[str, Side] = {"raw": _raw_side(fd, page, src)}
             for n, (variant, mac) in enumerate(macs.items()):
-                tiers[variant] = DiskTier("disk", layout, num_pages, path=work / f"tier-{rep}-{n}",
-                                          mac=mac, io_threads=IO_THREADS)
+                tiers[variant] = _disk_tier(layout, num_pages, work / f"tier-{rep}-{n}", mac)
                 sides[variant] = _tier_side(tiers[variant], ns.id, metas, keys, src)
             if unaligned:
-                tiers[VARIANT_U] = DiskTier("disk", layout, num_pages, path=work / f"tier-{rep}-u",
-                                            io_threads=IO_THREADS)
+                tiers[VARIANT_U] = _disk_tier(layout, num_pages, work / f"tier-{rep}-u")
                 sides[VARIANT_U] = _tier_side(tiers[VARIANT_U], ns.id, metas, keys, src_u)
             if peer:
                 (work / f"lmc-{rep}").mkdir()
@@ -176,7 +175,8 @@ def _measure(
                 shutil.rmtree(work / f"lmc-{rep}", ignore_errors=True)
             for tier in tiers.values():
                 tier.close()
-                shutil.rmtree(tier.path, ignore_errors=True)
+            for path in work.glob(f"tier-{rep}-*"):
+                shutil.rmtree(path, ignore_errors=True)
     med = {k: statistics.median(v) / 1e9 for k, v in results.items() if v}
     lines = []
     for direction, base_name in (
@@ -211,17 +211,24 @@ Side = Callable[[str, int, int, list[np.ndarray], bool], None]
 def _raw_side(fd: int, page: int, src: list[np.ndarray]) -> Side:
     def run(direction: str, i: int, j: int, outs: list[np.ndarray], last: bool) -> None:
         if direction == "put":
-            disk_io.pwritev_all(fd, src[i:j], i * page)
+            direct_io.pwritev_all(fd, src[i:j], i * page)
             if last:
                 os.fdatasync(fd)
         else:
-            got = disk_io.preadv_all(fd, outs[i:j], i * page)
+            got = direct_io.preadv_all(fd, outs[i:j], i * page)
             assert got == (j - i) * page
     return run
 
 
+def _disk_tier(layout: KVLayout, num_pages: int, path: Path, mac: RecordMac | None = None
+               ) -> Tier:
+    """A disk tier of ``num_pages`` pages in ``path``, built as a configuration's would be."""
+    return build_tier({"kind": "disk", "capacity": num_pages * layout.page_bytes, "path": path,
+                       "io_threads": IO_THREADS}, layout, mac=mac)
+
+
 def _tier_side(
-    tier: DiskTier, ns_id: bytes, metas: list[Any], keys: list[bytes], src: list[np.ndarray]
+    tier: Tier, ns_id: bytes, metas: list[Any], keys: list[bytes], src: list[np.ndarray]
 ) -> Side:
     def run(direction: str, i: int, j: int, outs: list[np.ndarray], last: bool) -> None:
         if direction == "put":

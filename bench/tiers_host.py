@@ -32,10 +32,9 @@ import numpy as np
 from tqdm import tqdm
 
 from bench import lmcache_peer
-from kvstore import KVLayout, Metrics, Namespace
+from kvstore import KVLayout, Namespace, build_tier
 from kvstore.buffers import hugepage_buffer
 from kvstore.ops import copy_choice
-from kvstore.tiers.host import HostTier
 
 SIZES = (("2MiB", 32), ("256KiB", 4))
 BATCHES = (16, 64)
@@ -71,7 +70,7 @@ def _measure(layout: KVLayout, label: str, batch: int, *, quick: bool, peer: boo
     src = rng.integers(0, 256, (n_pages, page), dtype=np.uint8)
     dst = np.empty_like(src)
     huge = hugepage_buffer(n_pages * page).reshape(n_pages, page)  # as big as the tier's slab
-    tier = HostTier("host", layout, n_pages, Metrics())
+    tier = build_tier({"kind": "host", "capacity": n_pages * page}, layout)
     src_views, dst_views = list(src), list(dst)
     spans = range(0, n_pages, batch)
     puts: dict[str, Callable[[], None]] = {}

@@ -83,10 +83,10 @@ def _measure(
         mac_cost_line,
         tier_macs,
     )
+    from kvstore import Tier, build_tier
     from kvstore.keys import Namespace
     from kvstore.layout import KVLayout
     from kvstore.record import RecordMac, default_mac_threads
-    from kvstore.tiers.redis import RedisTier
 
     layout = KVLayout(layers, 8, 128, 16, "bfloat16")
     total = (32 << 20) if quick else (128 << 20)
@@ -104,16 +104,16 @@ def _measure(
     raw_names = [f"{prefix}-raw:{i}".encode() for i in range(n)]
     batches = [range(b * batch, (b + 1) * batch) for b in range(n_batches)]
 
+    def redis_tier(key_prefix: str, mac: RecordMac, **settings: Any) -> Tier:
+        return build_tier({"kind": "redis", "capacity": n * layout.page_bytes, "url": url,
+                           "key_prefix": key_prefix, "timeout_s": 30.0, **settings},
+                          layout, mac=mac)
+
     macs = tier_macs() if variants else {VARIANT_ON: tier_macs()[VARIANT_ON]}
-    tiers = {
-        variant: RedisTier("redis", layout, n, url=url, key_prefix=f"{prefix}-{i}",
-                           timeout_s=30.0, mac=mac)
-        for i, (variant, mac) in enumerate(macs.items())
-    }
+    tiers = {variant: redis_tier(f"{prefix}-{i}", mac)
+             for i, (variant, mac) in enumerate(macs.items())}
     if variants and default_mac_threads():
-        tiers[VARIANT_CALLER] = RedisTier("redis", layout, n, url=url, key_prefix=f"{prefix}-c",
-                                          timeout_s=30.0, mac=RecordMac(BENCH_SECRET),
-                                          mac_threads=0)
+        tiers[VARIANT_CALLER] = redis_tier(f"{prefix}-c", RecordMac(BENCH_SECRET), mac_threads=0)
     client = redis.Redis.from_url(url, socket_timeout=30)
     lmc = lmcache_peer.redis_client(url, LMCACHE_WORKERS) if peer else None
     lmc_names = lmcache_peer.keys(prefix, n)
@@ -121,14 +121,14 @@ def _measure(
     lmc_out_list = list(lmc_outs)
     try:
 
-        def ours_put(tier: RedisTier) -> Callable[[], None]:
+        def ours_put(tier: Tier) -> Callable[[], None]:
             def put() -> None:
                 for r in batches:
                     ok = tier.write(metas[r.start : r.stop], page_list[r.start : r.stop])
                     assert all(ok), "kvstore put refused pages"
             return put
 
-        def ours_get(tier: RedisTier) -> Callable[[], None]:
+        def ours_get(tier: Tier) -> Callable[[], None]:
             def get() -> None:
                 for r in batches:
                     ok = tier.read(ns.id, chain.keys[r.start : r.stop], out_list[r.start : r.stop])

@@ -20,7 +20,7 @@ silently measures the wrong thing is a bug.
 Setups per prompt length ``n`` (one model, the one the model-level part built; hbm pools of
 ``2 * (n // 16) + 64`` blocks, host tiers as big, so no run evicts its own prefix):
 
-* **bare engine** — an hbm pool with no store (its :class:`~kvstore.tiers.hbm_owner.LocalOwner`)
+* **bare engine** — an hbm pool with no store (its :class:`~kvstore.pool.LocalOwner`)
   and no connector: ``engine cold`` (a new random prompt every run) and ``engine hbm hit`` (one
   prompt, run once to fill the pool, then timed).
 * **hbm + host** — ``TieredStore([hbm, host], write_back)`` and two engines over that pool, each
@@ -38,11 +38,11 @@ Setups per prompt length ``n`` (one model, the one the model-level part built; h
   hit's own copies is printed beside it. ``PCIe floor`` (GPU only):
   one contiguous pinned host->GPU copy of the same bytes (the prefix's ``(n - 1) // 16`` pages),
   in the same run; floor = bytes / measured bandwidth.
-* **hbm + host + disk** — a :class:`~kvstore.tiers.disk.DiskTier` in a temporary directory, the
+* **hbm + host + disk** — a disk tier (:func:`kvstore.build_tier`) in a temporary directory, the
   workers' ``prefetch_policy="wait_complete"``. Before each run ``store.evict`` empties hbm and
   host (write-back puts the pages on disk the first time), so the prefix is only on disk: the
   load waits for the prefetch disk -> host, then copies host -> engine blocks.
-* **hbm + host + redis** — the same with a :class:`~kvstore.tiers.redis.RedisTier` on a private
+* **hbm + host + redis** — the same with a redis tier (:func:`kvstore.build_tier`) on a private
   redis-server the bench starts on a free loopback port (PATH, or ``.redis/redis-server``) and
   always stops; without a binary the redis lines are skipped with a note.
 
@@ -94,14 +94,14 @@ from bench.redis_server import find_redis_server, redis_server
 from connector.base import KVCacheSpec
 from connector.inprocess import InProcessScheduler, InProcessWorker, PrefetchPolicy
 from connector.transfer import make_transfer
+from kvstore import Tier, build_tier
+from kvstore.api import LocalStagingSlab
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.ops import copy_spans
+from kvstore.pool import HBMTier
 from kvstore.store import TieredStore
-from kvstore.tiers.base import Tier
-from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.host import HostTier
 from runtime.config import ModelConfig
 from runtime.engine import Engine
 from runtime.model import LlamaForPagedLM
@@ -252,14 +252,20 @@ def _bare_engine(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, n: int
     return Engine(model, pool, ns, **_engine_kwargs(n))  # LocalOwner, no connector
 
 
+def _host_tier(layout: KVLayout, n: int, metrics: Metrics) -> Tier:
+    """A host tier (pinned when CUDA is present) sized for an ``n``-token prompt."""
+    return build_tier({"kind": "host", "capacity": _pool_blocks(n) * layout.page_bytes},
+                      layout, metrics)
+
+
 def host_store(layout: KVLayout, n: int, device: torch.device
-               ) -> tuple[HBMTier, HostTier, TieredStore]:
+               ) -> tuple[HBMTier, LocalStagingSlab, TieredStore]:
     """An hbm pool and a host tier (pinned when CUDA is present), each sized for an ``n``-token
     prompt, in a write-back store: what the host-hit cases run over."""
     metrics = Metrics()
     pool = HBMTier("hbm", layout, _pool_blocks(n), metrics, device=device)
-    host = HostTier("host", layout, _pool_blocks(n), metrics)
-    return pool, host, TieredStore(layout, [pool, host], write_policy="write_back")
+    store = TieredStore(layout, [pool, _host_tier(layout, n, metrics)], write_policy="write_back")
+    return pool, store.staging_tier("host"), store
 
 
 def _connected_engine(model: LlamaForPagedLM, pool: HBMTier, store: TieredStore, ns: Namespace,
@@ -308,18 +314,28 @@ class _Progress:
 # ===================================================================== cases
 
 
-def _load_only(pool: HBMTier, host: HostTier, keys: Sequence[bytes], device: torch.device,
-               runs: int, first_layer: int = 0) -> float:
+def _load_only(pool: HBMTier, store: TieredStore, namespace_id: bytes, keys: Sequence[bytes],
+               device: torch.device, runs: int, first_layer: int = 0) -> float:
     """Seconds to move ``keys``' host pages into free engine blocks with the connector's own
     transfer (every layer from ``first_layer`` on), without the model."""
+    # the pages' slots, pinned as a load pins them (prepared, untimed, as the connector does)
+    handle = store.prepare_load(namespace_id, keys, tier="host")
+    try:
+        if handle.num_blocks != len(keys):
+            raise BenchError("load only: a prefix page is missing from host")
+        return _copy_in(pool, store.staging_tier("host"), list(handle.slots), device, runs,
+                        first_layer)
+    finally:
+        store.complete_load(handle)
+
+
+def _copy_in(pool: HBMTier, host: LocalStagingSlab, slots: list[int], device: torch.device,
+             runs: int, first_layer: int) -> float:
+    """Median seconds of the connector's transfer of host ``slots`` into free pool blocks."""
     layout = pool.layout
     L = layout.num_layers
     layers = KVCacheSpec.page_first(pool.pool).layer_views(layout)  # as the worker's
-    found = [host.slot_of(k) for k in keys]
-    slots = [s for s in found if s is not None]
-    if len(slots) != len(keys):
-        raise BenchError("load only: a prefix page is missing from host")
-    blocks = pool.allocate(len(keys))
+    blocks = pool.allocate(len(slots))
     if blocks is None:
         raise BenchError("load only: no free engine blocks to load into")
     saver = ThreadPoolExecutor(1)
@@ -345,7 +361,7 @@ def _load_only(pool: HBMTier, host: HostTier, keys: Sequence[bytes], device: tor
     return t
 
 
-def _pcie_floor(host: HostTier, num_pages: int, device: torch.device, runs: int
+def _pcie_floor(host: LocalStagingSlab, num_pages: int, device: torch.device, runs: int
                 ) -> tuple[float, float]:
     """(seconds, bytes/s) of one contiguous pinned host->GPU copy of ``num_pages`` pages (the
     host tier's pinned slab is the source)."""
@@ -411,9 +427,9 @@ def _host_cases(model: LlamaForPagedLM, layout: KVLayout, ns: Namespace, bare: E
 
         progress.step(f"{n}: load only")
         only_in_host()
-        r["load"] = _load_only(pool, host, keys, device, plan.runs)
+        r["load"] = _load_only(pool, store, ns.id, keys, device, plan.runs)
         # what the hit copies: its engine writes layer 0 from the tokens
-        r["load_hit"] = _load_only(pool, host, keys, device, plan.runs, first_layer=1)
+        r["load_hit"] = _load_only(pool, store, ns.id, keys, device, plan.runs, first_layer=1)
         if plan.gpu:
             r["floor"], r["floor_bw"] = _pcie_floor(host, nblk, device, plan.runs)
         progress.done()
@@ -466,9 +482,8 @@ def _lower_tier_case(kind: str, model: LlamaForPagedLM, layout: KVLayout, ns: Na
     reuse = nblk * BLOCK
     metrics = Metrics()
     pool = HBMTier("hbm", layout, _pool_blocks(n), metrics, device=device)
-    host = HostTier("host", layout, _pool_blocks(n), metrics)
     lower = lower_factory(metrics, n // BLOCK + 64)
-    tiers: list[Tier] = [pool, host, lower]
+    tiers: list[Tier] = [pool, _host_tier(layout, n, metrics), lower]
     store = TieredStore(layout, tiers, write_policy="write_back")
     engine: Engine | None = None
     try:
@@ -657,10 +672,9 @@ def measure(model: LlamaForPagedLM, cfg: ModelConfig, name: str, device: torch.d
                 bar.step(f"{n}: disk hit")
                 tmp = tempfile.mkdtemp(prefix="kvbench-ttft-disk-", dir=disk_dir)
                 try:
-                    from kvstore.tiers.disk import DiskTier
-
                     def disk(m: Metrics, cap: int, tmp: str = tmp) -> Tier:
-                        return DiskTier("disk", layout, cap, m, path=Path(tmp) / "tier")
+                        return build_tier({"kind": "disk", "capacity": cap * layout.page_bytes,
+                                           "path": Path(tmp) / "tier"}, layout, m)
 
                     r["disk"] = _lower_tier_case("disk", model, layout, ns, prompts, n, device,
                                                  plan.runs, disk, res.notes)
@@ -672,11 +686,12 @@ def measure(model: LlamaForPagedLM, cfg: ModelConfig, name: str, device: torch.d
                 bar.step(f"{n}: redis hit")
                 try:
                     with redis_server(redis_exe) as url:
-                        from kvstore.tiers.redis import RedisTier
-
                         def red(m: Metrics, cap: int, url: str = url) -> Tier:
-                            return RedisTier("redis", layout, cap, m, url=url, timeout_s=60.0,
-                                             key_prefix=f"kvbench-ttft-{uuid.uuid4().hex[:8]}")
+                            return build_tier(
+                                {"kind": "redis", "capacity": cap * layout.page_bytes, "url": url,
+                                 "timeout_s": 60.0,
+                                 "key_prefix": f"kvbench-ttft-{uuid.uuid4().hex[:8]}"},
+                                layout, m)
 
                         r["redis"] = _lower_tier_case("redis", model, layout, ns, prompts, n,
                                                       device, plan.runs, red, res.notes)

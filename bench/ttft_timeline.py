@@ -123,7 +123,7 @@ def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None
     prompts = te._Prompts(cfg.vocab_size)
     nblk = (n - 1) // te.BLOCK
     bare = te._bare_engine(model, layout, ns, n, device)
-    pool, host, store = te.host_store(layout, n, device)
+    pool, _, store = te.host_store(layout, n, device)
     engine, worker = te._connected_engine(model, pool, store, ns, n, layerwise=True)
     try:
         prompt = prompts.new(n)
@@ -192,7 +192,7 @@ def run(n: int, model: LlamaForPagedLM, device: torch.device, runs: int) -> None
                 for what, ev in gpu_events:
                     gpu_at[what].append(start.elapsed_time(ev) / 1e3)
         only_in_host()
-        load = te._load_only(pool, host, keys, device, runs)
+        load = te._load_only(pool, store, ns.id, keys, device, runs)
         hbm_prompt = prompts.new(n)
         te._timed_generate(bare, hbm_prompt, device)
         hbm = statistics.median(te._timed_generate(bare, hbm_prompt, device)[0]

@@ -4,7 +4,7 @@ The public surface is what ``__all__`` lists; everything else is internal. ``kvs
 imports ``connector``, ``runtime`` or ``server``.
 """
 
-from kvstore.build import build_namespace, build_store
+from kvstore.build import build_namespace, build_store, build_tier
 from kvstore.config import KVStoreConfig, load_config
 from kvstore.errors import (
     ConfigError,
@@ -52,6 +52,7 @@ __all__ = [
     "available_policies",
     "build_namespace",
     "build_store",
+    "build_tier",
     "chain_keys",
     "load_config",
     "make_policy",

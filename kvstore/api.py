@@ -63,6 +63,21 @@ class StagingSlab(Protocol):
 
 
 @runtime_checkable
+class LocalStagingSlab(StagingSlab, Protocol):
+    """The staging tier of an in-process store (:class:`~kvstore.store.TieredStore`), whose slab
+    lives in this process: what a daemon serving the store needs beyond the face. A daemon
+    client's staging tier has no such counts (they are the daemon's)."""
+
+    @property
+    def capacity_pages(self) -> int:
+        """How many pages (slab rows) the tier holds at most."""
+
+    def pages_of(self, namespace_id: bytes) -> int:
+        """How many published pages the tier holds under ``namespace_id``, exactly and at once
+        (a per-namespace quota asks this on every save)."""
+
+
+@runtime_checkable
 class StoreAPI(Protocol):
     """A KV-cache page store. Every method may be called from many threads."""
 
@@ -175,4 +190,4 @@ class StoreAPI(Protocol):
         """Release the store's resources; later calls raise StoreClosed. Idempotent."""
 
 
-__all__ = ["StagingSlab", "StoreAPI"]
+__all__ = ["LocalStagingSlab", "StagingSlab", "StoreAPI"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -106,3 +107,38 @@ class TierStats:
     evictions: int
     errors: int
     corrupt: int
+
+
+#: A circuit breaker's state (a tier spread over servers keeps one per server).
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """A snapshot of one server's counters, as one tier instance sees them (a tier spread over
+    servers, such as Redis, reports one per server)."""
+
+    server: str
+    breaker: BreakerState
+    #: Pipelined exchanges started with this server (one per call touching it, plus retries).
+    exchanges: int
+    #: Calls that failed (unreachable, timed out, broken stream) after their retries.
+    failures: int
+    #: Calls answered at once because the breaker was open.
+    rejected: int
+    #: Times the breaker opened.
+    trips: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierHealth:
+    """Whether a tier can serve now (``Tier.health``): ``ready``, else ``detail`` says why;
+    ``servers``: each server's breaker and counters, for a tier spread over servers (else
+    empty)."""
+
+    ready: bool
+    detail: str = ""
+    servers: tuple[ServerStats, ...] = ()
+
+
+__all__ = ["BreakerState", "Metrics", "ServerStats", "TierHealth", "TierStats"]

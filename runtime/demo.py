@@ -38,12 +38,12 @@ from rich.progress import (
 from rich.table import Table
 
 from connector.inprocess import InProcessScheduler, InProcessWorker
+from kvstore import build_tier
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
+from kvstore.pool import HBMTier
 from kvstore.store import TieredStore
-from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.host import HostTier
 from kvstore.errors import InvalidArgument
 from runtime.config import MODEL_CONFIGS, ModelConfig, get_model_config
 from runtime.engine import Engine
@@ -311,7 +311,7 @@ def _run_with_host(model: LlamaForPagedLM, tok: Tokenizer, layout: KVLayout, tur
     blocks = -(-_positions_needed(tok, turns, max_tokens) // layout.block_size) + 2
     m = Metrics()
     pool = HBMTier("hbm", layout, blocks, m, device="cpu")
-    host = HostTier("host", layout, 4 * blocks, m)
+    host = build_tier({"kind": "host", "capacity": 4 * blocks * layout.page_bytes}, layout, m)
     store = TieredStore(layout, [pool, host], ["lineage", "lru"])  # see Engine.from_config
     engine = Engine(model, pool, ns, connector=(
         InProcessScheduler(store, ns, num_blocks=blocks), InProcessWorker(store)))

@@ -9,10 +9,10 @@
              -> RequestOutputs of the requests that finished
     generate(prompts, params) = add_request * n, step() until done
 
-The pool (:class:`~kvstore.tiers.hbm.HBMTier`) is the paged KV cache: its ``pool`` tensor is the
+The pool (:class:`~kvstore.pool.HBMTier`) is the paged KV cache: its ``pool`` tensor is the
 model's ``kv_pool``; prefix-cache entries are its committed blocks. Eviction of cached blocks goes
 through the pool's owner — a :class:`~kvstore.store.TieredStore` (write-back to lower tiers) or,
-for a bare pool, a :class:`~kvstore.tiers.hbm_owner.LocalOwner` the engine attaches.
+for a bare pool, a :class:`~kvstore.pool.LocalOwner` the engine attaches.
 
 With a KV connector (``connector=(InProcessScheduler, InProcessWorker)``, built automatically by
 :meth:`Engine.from_config` when a host tier is among the lower tiers), a step becomes::
@@ -74,14 +74,13 @@ import torch
 
 from connector.base import KVCacheSpec, KVConnectorScheduler, KVConnectorWorker, LoadSpec
 from connector.inprocess import InProcessScheduler, InProcessWorker
+from kvstore import Tier
+from kvstore.api import LocalStagingSlab
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.metrics import Metrics
+from kvstore.pool import HBMTier, LocalOwner
 from kvstore.store import TieredStore
-from kvstore.tiers.base import Tier
-from kvstore.tiers.hbm import HBMTier
-from kvstore.local_owner import LocalOwner
-from kvstore.tiers.slab import SlabSlots
 from runtime.attention import DEFAULT_BACKEND
 from runtime.batch import SeqInput, build_batch, first_bad_id, id_array, int32le
 from runtime.config import get_model_config
@@ -179,7 +178,7 @@ class Engine:
                 f"first_layer_from_tokens must be a bool, got {first_layer_from_tokens!r}")
         if not isinstance(pool, HBMTier):
             raise InvalidArgument(f"pool must be an HBMTier, got {type(pool).__name__}",
-                                  hint="build it with kvstore.tiers.hbm.HBMTier")
+                                  hint="build it with kvstore.pool.HBMTier")
         model.check_kv_pool(pool.pool, pool.layout.block_size)
         if namespace.layout != pool.layout:
             raise InvalidArgument(
@@ -297,10 +296,11 @@ class Engine:
     ) -> Engine:
         """A random-weight model of a named config (``tiny``, ``small``, ...), an hbm pool of
         ``num_blocks`` blocks in a :class:`TieredStore` over ``[hbm, *lower_tiers]`` (exposed as
-        ``engine.store``), and the engine (``engine_kwargs`` as for ``__init__``). When a
-        :class:`HostTier` is among ``lower_tiers`` (pinned, for a pool on a GPU), the engine gets an
-        in-process KV connector over the store and its first host tier (prefixes evicted from
-        hbm are loaded back instead of recomputed), with ``prefetch_policy`` and
+        ``engine.store``), and the engine (``engine_kwargs`` as for ``__init__``). When a host
+        tier is among ``lower_tiers`` (``kvstore.build_tier({"kind": "host", ...})``, pinned for
+        a pool on a GPU), the engine gets an in-process KV connector over the store and its
+        first host tier (prefixes evicted from hbm are loaded back instead of recomputed), with
+        ``prefetch_policy`` and
         ``prefetch_timeout_s`` for pages below host (see :class:`InProcessWorker`).
 
         ``daemon``: the address of a ``kvstore serve`` (``unix:///path.sock`` or ``host:port``
@@ -374,7 +374,7 @@ class Engine:
     ) -> Engine:
         """``model`` over a new hbm pool on ``device`` in a TieredStore over
         ``[hbm, *lower_tiers]``, in namespace ``model_id``, with the connector when a lower tier
-        is a :class:`HostTier` or ``daemon`` is given (the keywords as for :meth:`from_config`)."""
+        is a host tier or ``daemon`` is given (the keywords as for :meth:`from_config`)."""
         layout = model.config.kv_layout(block_size)
         metrics = lower_tiers[0].metrics if lower_tiers else Metrics()
         pool = HBMTier("hbm", layout, num_blocks, metrics, device=device)
@@ -390,7 +390,7 @@ class Engine:
             remote = _daemon_connector(daemon, daemon_token, namespace, num_blocks, device,
                                        prefetch_policy, prefetch_timeout_s, layerwise)
             engine_kwargs["connector"] = remote[1:]
-        host = next((t for t in lower_tiers if isinstance(t, SlabSlots)), None)
+        host = _staging_tier(store) if lower_tiers else None
         if host is not None and "connector" not in engine_kwargs:
             engine_kwargs["connector"] = (
                 InProcessScheduler(store, namespace, num_blocks=num_blocks, host_tier=host.name),
@@ -694,3 +694,12 @@ def _daemon_connector(target: str, token: str | None, namespace: Namespace, num_
     except BaseException:
         remote.close()
         raise
+
+
+def _staging_tier(store: TieredStore) -> LocalStagingSlab | None:
+    """The tier the store stages loads and saves through (its first host tier), None when it
+    has none: then the engine runs without a connector."""
+    try:
+        return store.staging_tier()
+    except InvalidArgument:
+        return None

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from connector.base import KVConnectorScheduler, KVConnectorWorker
 from kvstore.errors import InvalidArgument
 from kvstore.keys import BlockMeta, CheckedKeys, Namespace, chain_keys, token_bytes
-from kvstore.tiers.hbm import HBMTier
+from kvstore.pool import HBMTier
 from runtime.request import Request, RequestStatus
 
 
@@ -451,7 +451,7 @@ class Scheduler:
         requests in ``skip`` were rolled back), while the GPU may still run the forward -- a
         32K-token hit commits 2048 blocks, off the time to its first token. A reader of a
         committed block is ordered after the queued writes (the engine's stream, the pool's
-        copy-outs wait for :meth:`~kvstore.tiers.hbm.HBMTier.note_queued_writes`)."""
+        copy-outs wait for :meth:`~kvstore.pool.HBMTier.note_queued_writes`)."""
         for ch in chunks:
             req = ch.request
             pending = req.pending_metas

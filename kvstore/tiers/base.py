@@ -26,6 +26,10 @@ Contract of the public methods (batch operations on lists of keys; keys are 16-b
   tier), as the tier keeps it: a tier that writes records keeps the token ids only with its
   ``store_token_ids`` (``record.stored_meta``); ``keys()`` — every stored key (for rebuilding
   policy state after a warm restart).
+* ``health()`` — whether the tier can serve now (readiness), ``scan_keys()`` — every key,
+  other nodes' pages in a shared tier included (flushing a namespace), ``sync()`` — make
+  acknowledged writes durable now, ``ttl_s`` — the sliding expiry of its pages, if any. The
+  defaults fit a tier in memory or on a local disk; a tier over servers overrides them.
 
 Every public method is thread-safe. Argument errors raise :class:`InvalidArgument` before anything
 changes. Tiers never read the environment; their settings arrive through the constructor.
@@ -46,7 +50,7 @@ from kvstore.errors import InvalidArgument, StoreClosed, TierUnavailable
 from kvstore.checks import check_keys
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
-from kvstore.metrics import Metrics, TierStats
+from kvstore.metrics import Metrics, ServerStats, TierHealth, TierStats
 
 
 @dataclass(slots=True)
@@ -69,6 +73,9 @@ class Tier(ABC):
     #: contents can change under the store, and it does not refuse writes past
     #: ``capacity_pages`` — that is this node's budget, enforced by the store's policy.
     shared: ClassVar[bool] = False
+    #: Seconds an unused page lives before the medium drops it by itself (a sliding expiry each
+    #: hit renews); None: a page stays until it is deleted.
+    ttl_s: float | None = None
 
     def __init__(
         self, name: str, layout: KVLayout, capacity_pages: int, metrics: Metrics | None = None
@@ -253,6 +260,47 @@ class Tier(ABC):
                 )
             ),
         )
+
+    # ----------------------------------------------------------------- health and operations
+    # Defaults for a tier in this process's memory or on a local disk; a tier over servers
+    # (Redis) overrides ping, server_stats and scan_keys, a tier with a durable medium sync.
+
+    def health(self) -> TierHealth:
+        """Whether the tier can serve now: not once closed, nor while :meth:`ping` fails or a
+        server's breaker is open; with :meth:`server_stats`. For readiness checks, not hot paths
+        (it may take one round trip, bounded by the tier's timeout)."""
+        if self.closed:
+            return TierHealth(False, "closed")
+        answered = self.ping()
+        servers = tuple(self.server_stats())
+        if not answered:
+            return TierHealth(False, "a server did not answer within timeout_s", servers)
+        if any(s.breaker == "open" for s in servers):
+            return TierHealth(False, "a server's circuit breaker is open", servers)
+        return TierHealth(True, "", servers)
+
+    def ping(self) -> bool:
+        """Whether the medium answers now (a tier over servers asks each, bounded by its
+        timeout). Raises StoreClosed once closed."""
+        self._check_open()
+        return True
+
+    def server_stats(self) -> Sequence[ServerStats]:
+        """Each server's breaker state and counters, for a tier spread over servers; else none."""
+        return ()
+
+    def scan_keys(self) -> Iterator[bytes]:
+        """Every page key the tier holds, pages other nodes wrote to a shared tier included
+        (:meth:`keys` yields only what this node may adopt). For operations such as flushing a
+        namespace, never hot paths. Raises TierUnavailable when the medium does not answer."""
+        return iter(list(self.keys()))
+
+    def sync(self) -> bool:
+        """Make every write acknowledged so far as durable as the medium makes pages (power-safe,
+        on a disk) now; False when that failed (logged and counted). Nothing to force where
+        pages do not outlive the process."""
+        self._check_open()
+        return True
 
     def close(self) -> None:
         """Release the medium. Idempotent; every later call raises StoreClosed. A tier that

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +22,8 @@ from kvstore.keys import Namespace, chain_keys, token_bytes
 from kvstore.metrics import TierStats
 from kvstore.namespace_stats import NamespaceCounts
 from kvstore.policy import POLICIES, EvictionPolicy
+from kvstore import Tier
 from kvstore.store import TieredStore
-from kvstore.tiers.base import Tier
-from kvstore.tiers.redis import RedisTier
 from server.admin import schemas as s
 from server.admin.events import EventBroker
 from server.admin.sampler import WINDOW_15M_S, Sample, Sampler, ratio, totals
@@ -105,15 +104,10 @@ class AdminService:
     def readiness(self) -> s.Readiness:
         out = []
         for t in self.store.tiers:
-            ready, detail, breakers = not t.closed, "" if not t.closed else "closed", []
-            if isinstance(t, RedisTier) and ready:
-                if not t.ping():
-                    ready, detail = False, "a server did not answer within timeout_s"
-                breakers = [s.Breaker(server=b.server, state=b.breaker, trips=b.trips,
-                                      failures=b.failures) for b in t.server_stats()]
-                if any(b.state == "open" for b in breakers):
-                    ready, detail = False, detail or "a server's circuit breaker is open"
-            out.append(s.TierReadiness(name=t.name, kind=t.kind, ready=ready, detail=detail,
+            h = t.health()  # a tier over servers pings them and reports their breakers
+            breakers = [s.Breaker(server=b.server, state=b.breaker, trips=b.trips,
+                                  failures=b.failures) for b in h.servers]
+            out.append(s.TierReadiness(name=t.name, kind=t.kind, ready=h.ready, detail=h.detail,
                                        breakers=breakers))
         return s.Readiness(ready=all(t.ready for t in out) and not self.store.closed, tiers=out)
 
@@ -158,7 +152,7 @@ class AdminService:
 
         v = self.store.metrics.value
         timeouts = int(v("kvstore_tier_errors_total", tier=t.name, op="read"))
-        has_ttl = isinstance(t, RedisTier) and bool(t.ttl_s)
+        has_ttl = bool(t.ttl_s)
         expired_read = int(v("kvstore_tier_expired_pages_total", tier=t.name, op="read"))
         expired = expired_read + int(v("kvstore_tier_expired_pages_total", tier=t.name,
                                        op="contains"))
@@ -404,7 +398,7 @@ class AdminService:
             for t in self.store.tiers:
                 progress = job.tiers[t.name]
                 batch: list[bytes] = []
-                for k in self._scan(t):
+                for k in t.scan_keys():  # a shared tier: every node's pages
                     progress[0] += 1
                     meta = t.meta(k)
                     if meta is None or meta.namespace_id != job.namespace_id:
@@ -422,11 +416,6 @@ class AdminService:
             job.state, job.error = "failed", exc.message
         except Exception as exc:  # noqa: BLE001 - reported in the job, the API keeps serving
             job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
-
-    def _scan(self, t: Tier) -> Iterator[bytes]:
-        if isinstance(t, RedisTier):  # every node's pages, not only this node's
-            return t.scan_keys()
-        return iter(list(t.keys()))
 
     def _delete(self, job: _Flush, keys: list[bytes]) -> None:
         """Delete through the store (policies, events, every tier), counting each tier's copies."""

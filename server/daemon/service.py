@@ -52,6 +52,7 @@ from typing import cast
 
 import numpy as np
 
+from kvstore.api import LocalStagingSlab
 from kvstore.checks import check_keys
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, TierUnavailable
 from kvstore.events import StoreEvent
@@ -60,8 +61,6 @@ from kvstore.namespace_labels import check_label
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
-from kvstore.tiers.base import Tier
-from kvstore.tiers.slab import SlabSlots
 from connector.daemon.peer_memory import Peer, PeerMemoryError, probe
 from connector.daemon.shm import SharedSlab
 from server.daemon.events import CacheEvent, EventHub
@@ -143,10 +142,10 @@ class DaemonService:
                  events: EventHub | None = None, copy_pool: ThreadPoolExecutor | None = None,
                  peer_copy: bool = False) -> None:
         self.store = store
-        self.staging = cast(Tier, store.staging_tier())
+        self.staging: LocalStagingSlab = store.staging_tier()
         self.slab = slab
         #: the slab as the staging tier's (P, page_bytes) rows: the daemon's writable mapping
-        self._slab_rows = cast(SlabSlots, self.staging).slab
+        self._slab_rows = self.staging.slab
         self._copy_pool = copy_pool
         self._copy_threads = max(1, getattr(copy_pool, "_max_workers", 1))
         self.peer_copy = peer_copy
@@ -389,7 +388,7 @@ class DaemonService:
             return
         t = self.staging
         # the tier counts its pages per namespace: no scan of every page it holds per save
-        held = cast(SlabSlots, t).pages_of(ns) + len(self._writing_under(ns))
+        held = t.pages_of(ns) + len(self._writing_under(ns))
         present = t.contains([m.key for m in metas]) if metas else []
         new = sum(1 for p in present if not p)
         if held + new > quota:
