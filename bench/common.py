@@ -160,6 +160,15 @@ def print_table(
         print(headline, file=out)
 
 
+def print_measurements(lines: Sequence[Measurement], unit: str, *, title: str = "",
+                       headline: str = "", out: TextIO | None = None) -> None:
+    """:func:`print_table` of measurement lines, one row each: case, variant, value, baseline,
+    the baseline's value and the ratio (``unit`` heads the value columns)."""
+    print_table(("case", "variant", unit, "baseline", f"baseline {unit}", "ratio"),
+                [(x.case, x.variant, x.value, x.baseline, x.baseline_value, x.ratio)
+                 for x in lines], title=title, headline=headline, out=out)
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

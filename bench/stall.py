@@ -26,12 +26,10 @@ import time
 import numpy as np
 import redis as redis_py
 
-from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
+from bench.common import add_standard_args, command_line, emit_json, measurement, print_measurements, record
 from bench.redis_server import find_redis_server, redis_server
-from kvstore import KVLayout, Metrics, Namespace, TieredStore
-from kvstore.tiers.hbm import HBMTier
-from kvstore.tiers.host import HostTier
-from kvstore.tiers.redis import RedisTier
+from kvstore import KVLayout, Metrics, Namespace, TieredStore, build_tier
+from kvstore.pool import HBMTier
 
 LAYOUT = KVLayout(1, 1, 8, 16, "uint8")  # small pages: the index, not the bytes, is measured
 
@@ -63,10 +61,12 @@ def main(argv: list[str] | None = None) -> None:
     with redis_server(exe) as url:
         m = Metrics()
         hbm = HBMTier("hbm", LAYOUT, pool_pages, m, device="cpu")
-        host = HostTier("host", LAYOUT, pool_pages, m, pin_memory=False)
+        host = build_tier({"kind": "host", "capacity": pool_pages * LAYOUT.page_bytes,
+                           "pin_memory": False}, LAYOUT, m)
         # a breaker that never opens: every call to the stalled server waits its timeout_s
-        red = RedisTier("redis", LAYOUT, 1 << 20, m, url=url, timeout_s=timeout_s,
-                        connect_timeout_s=timeout_s, breaker_failures=1_000_000)
+        red = build_tier({"kind": "redis", "capacity": (1 << 20) * LAYOUT.page_bytes, "url": url,
+                          "timeout_s": timeout_s, "connect_timeout_s": timeout_s,
+                          "breaker_failures": 1_000_000}, LAYOUT, m)
         store = TieredStore(LAYOUT, [hbm, host, red], ["lineage", "lru", "lru"],
                             write_policy="write_back")
         rng = np.random.default_rng(0)
@@ -118,13 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         emit_json(lines)
     else:
-        print_table(("case", "variant", "ms", "baseline", "baseline ms", "ratio"),
-                    [(x.case, x.variant, x.value, x.baseline, x.baseline_value, x.ratio)
-                     for x in lines],
-                    title=f"bench.stall ({len(stalled)} lookups during the stall, "
-                          f"{len(baseline)} without; median {statistics.median(stalled) * 1e3:.3f} ms)",
-                    headline=f"headline: lookup p99 during the stall {lines[1].value:.3f} ms, "
-                             f"{lines[1].ratio:.2f}x of without")
+        print_measurements(lines, "ms",
+                           title=f"bench.stall ({len(stalled)} lookups during the stall, "
+                                 f"{len(baseline)} without; median {statistics.median(stalled) * 1e3:.3f} ms)",
+                           headline=f"headline: lookup p99 during the stall {lines[1].value:.3f} ms, "
+                                    f"{lines[1].ratio:.2f}x of without")
     if args.record:
         print(f"recorded {record('stall', lines, command_line())}")
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bench.common import add_standard_args, command_line, emit_json, measurement, print_table, record
+from bench.common import add_standard_args, command_line, emit_json, measurement, print_measurements, record
 from connector.transfer import make_transfer
 from kvstore import KVLayout
 from kvstore.ops import (copy_rows, copy_rows_blocks, copy_rows_native_active, copy_rows_reference,
@@ -177,12 +177,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         emit_json(lines)
     else:
-        print_table(("case", "variant", "GB/s", "baseline", "baseline GB/s", "ratio"),
-                    [(m.case, m.variant, m.value, m.baseline, m.baseline_value, m.ratio)
-                     for m in lines],
-                    title=f"bench.transfer ({device.type}, {nbytes / 2**30:.2f} GiB)",
-                    headline=f"headline: load {lines[0].ratio:.2f}x, save {lines[1].ratio:.2f}x "
-                             "of one contiguous copy (target >= 0.9)")
+        print_measurements(lines, "GB/s",
+                           title=f"bench.transfer ({device.type}, {nbytes / 2**30:.2f} GiB)",
+                           headline=f"headline: load {lines[0].ratio:.2f}x, save {lines[1].ratio:.2f}x "
+                                    "of one contiguous copy (target >= 0.9)")
     if args.record:
         print(f"recorded {record('transfer', lines, command_line())}")
 

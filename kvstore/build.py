@@ -1,4 +1,4 @@
-"""Building a store (and its namespace) from the typed configuration."""
+"""Building a store (and its namespace), or one tier alone, from the typed configuration."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kvstore.config import KVStoreConfig, TierConfig
+from pydantic import TypeAdapter, ValidationError
+
+from kvstore.config import KVStoreConfig, TierConfig, _describe
 from kvstore.errors import ConfigError, InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
@@ -14,6 +16,7 @@ from kvstore.metrics import Metrics
 from kvstore.record import RecordMac
 from kvstore.store import TieredStore
 from kvstore.tiers import Tier, make_tier, tier_class
+from kvstore.tiers.config_base import TierConfigBase
 
 log = logging.getLogger("kvstore.build")
 
@@ -53,6 +56,7 @@ def build_store(
             promote_on_hit=s.promote_on_hit,
             lease_ttl_s=s.lease_ttl_s,
             prefetch_workers=s.prefetch_workers,
+            free_reserve=s.free_reserve,
             metrics=metrics,
         )
     except BaseException:
@@ -76,6 +80,38 @@ def _open_tier(i: int, tcfg: TierConfig, layout: KVLayout, metrics: Metrics,
             hint=f"lower tiers.{i}.capacity to fit this machine's memory (docs/operations.md: "
             "sizing the host tier)",
         ) from None
+
+
+def build_tier(
+    cfg: TierConfig | Mapping[str, Any],
+    layout: KVLayout,
+    metrics: Metrics | None = None,
+    *,
+    mac: RecordMac | None = None,
+    store_token_ids: bool = False,
+    **extra: Any,
+) -> Tier:
+    """One tier, opened alone, from an entry of the configuration's tier list: its config model,
+    or a mapping such as ``{"kind": "disk", "capacity": "64GiB", "path": "/nvme/kv"}`` validated
+    as the list's entries are. For benchmarks of one tier, and for a store an engine composes
+    around its own pool (:mod:`kvstore.pool`). ``mac``: the record MAC of a tier that writes
+    records (None: the public key, integrity only); ``store_token_ids``: as
+    ``security.store_token_ids``; ``extra``: constructor arguments no config holds (a host
+    tier's shared-memory ``slab``). Raises ConfigError naming each bad field; a tier that cannot
+    open raises as it does in :func:`build_store`."""
+    if not isinstance(cfg, TierConfigBase):
+        try:
+            cfg = _TIER_ENTRY.validate_python(dict(cfg))
+        except ValidationError as exc:
+            lines, _ = _describe(exc, {})
+            raise ConfigError("invalid tier configuration:\n" + "\n".join(lines),
+                              hint="fix the field(s) named above") from None
+    return make_tier(cfg, layout, metrics if metrics is not None else Metrics(), mac=mac,
+                     store_token_ids=store_token_ids, **extra)
+
+
+#: Validates one entry of ``KVStoreConfig.tiers`` (the union of the registered kinds' models).
+_TIER_ENTRY: TypeAdapter[TierConfig] = TypeAdapter(TierConfig)
 
 
 def build_namespace(cfg: KVStoreConfig) -> Namespace:

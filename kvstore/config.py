@@ -45,6 +45,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from kvstore.cleaner import DEFAULT_RESERVE
 from kvstore.errors import ConfigError
 from kvstore.layout import DTYPE_SIZES, KVLayout
 from kvstore.record import usable_cores
@@ -114,6 +115,10 @@ class StoreConfig(Strict):
         "longest a lookup's lease pins its pages against eviction (a load must follow within it)"))
     prefetch_workers: int = Field(2, ge=1, le=64, description=(
         "threads that run prefetch() and lookup_async()"))
+    free_reserve: float = Field(DEFAULT_RESERVE, ge=0.0, le=0.5, description=(
+        "share of each local tier's capacity kept free once the tier is full: a background "
+        "cleaner evicts (writing back) ahead of need, so a save or an engine's block "
+        "allocation finds room without evicting on its own thread; 0 turns it off"))
 
 
 class ConnectorConfig(Strict):

@@ -57,6 +57,10 @@ class LocalOwner:
             for m in metas:
                 self.policy.insert(m.key, m.parent)
 
+    def on_allocate(self) -> None:
+        """Nothing: without a store, a pool evicts only when an allocation finds no free
+        block (there is no tier below to write back to)."""
+
     def on_hit(self, keys: Sequence[bytes]) -> None:
         with self._lock:
             self.policy.access_many(keys)

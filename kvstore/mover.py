@@ -1,6 +1,12 @@
-"""The store's mover: one background thread for the copies a caller must not wait for
-(promotions after a get, ``selective`` and write-through copies down), in submission order.
-A copy that fails is logged and lost -- a later miss, never the caller's error."""
+"""The store's mover: the threads that move bytes a caller must not wait for.
+
+Work runs on *lanes*, each one thread, in submission order within a lane: promotions after a
+get and ``selective`` / write-through copies down share the ``copies`` lane; each tier's
+cleaner (:mod:`kvstore.cleaner`, eviction with its write-back ahead of need) has a lane of its
+own, so a slow tier below (a disk waiting on fsync, a stalled Redis) holds up only the cleaning
+that writes into it, never the cleaning of the tiers above. A job that fails is logged and its
+copy lost -- a later miss, never a caller's error.
+"""
 
 from __future__ import annotations
 
@@ -13,29 +19,43 @@ from typing import Any
 
 log = logging.getLogger("kvstore.store")
 
+#: the lane of background copies (promotions, selective and write-through copies down)
+COPIES = "copies"
+
 
 class Mover:
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-mover")
+        self._lanes: dict[str, ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
         self._pending: set[Future[Any]] = set()
+        self._closed = False
 
     def __len__(self) -> int:
-        """Copies queued or running."""
+        """Jobs queued or running, on every lane."""
         return len(self._pending)
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        fut = self._pool.submit(_guarded, fn, *args)
+    def submit(self, fn: Callable[..., Any], *args: Any, lane: str = COPIES) -> bool:
+        """Queue ``fn(*args)`` on ``lane`` (started on first use). False, and nothing queued,
+        once the mover is closed."""
         with self._lock:
+            if self._closed:
+                return False
+            pool = self._lanes.get(lane)
+            if pool is None:
+                pool = self._lanes[lane] = ThreadPoolExecutor(
+                    1, thread_name_prefix=f"kvstore-mover-{lane}")
+            fut = pool.submit(_guarded, fn, *args)
             self._pending.add(fut)
         fut.add_done_callback(self._done)
+        return True
 
     def _done(self, fut: Future[Any]) -> None:
         with self._lock:
             self._pending.discard(fut)
 
     def drain(self, timeout_s: float | None = None) -> bool:
-        """Wait for the copies queued so far; False if ``timeout_s`` passed first."""
+        """Wait for the jobs queued so far, and those they queue; False if ``timeout_s`` passed
+        first."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             with self._lock:
@@ -50,14 +70,19 @@ class Mover:
                     return False
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Run what is queued, then stop every lane. Later submissions are refused."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._lanes.values())
+        for pool in lanes:
+            pool.shutdown(wait=True)
 
 
 def _guarded(fn: Callable[..., Any], *args: Any) -> None:
     try:
         fn(*args)
-    except Exception:  # noqa: BLE001 - a background copy that fails loses a copy, no more
-        log.exception("background copy %s failed", getattr(fn, "__name__", fn))
+    except Exception:  # noqa: BLE001 - a background job that fails loses a copy, no more
+        log.exception("background job %s failed", getattr(fn, "__name__", fn))
 
 
-__all__ = ["Mover"]
+__all__ = ["COPIES", "Mover"]

@@ -36,7 +36,7 @@ KVSTORE_NATIVE=1 python3 -c 'import torch; from kvstore.ops import copy_rows_nat
 # the -m gpu tests live in tests/gpu and tests/connector (the rest needs packages, such as the
 # daemon's grpc health service, that the GPU machine lacks)
 python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/gpu tests/connector} -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" || rc=1
-BENCHES=${BENCHES-"transfer|tiers --tier host|tiers --tier disk|lookup|ttft|decode"}  # "": none
+BENCHES=${BENCHES-"transfer|tiers --tier host|tiers --tier disk|lookup|ttft|decode|writeback --device cuda"}  # "": none
 IFS='|' read -ra list <<< "$BENCHES"
 : > "$OUT/recorded.txt"
 for b in "${list[@]+"${list[@]}"}"; do

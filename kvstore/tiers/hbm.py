@@ -172,8 +172,12 @@ class HBMTier(SlotReads, Tier, OwnedPool):
         for _ in range(_RECLAIM_ATTEMPTS):
             with self._lock:
                 got = self._take(num_blocks)
-                if got is not None:
-                    return got
+                owner = self._owner
+            if got is not None:
+                if owner is not None:
+                    owner.on_allocate()
+                return got
+            with self._lock:
                 short = num_blocks - len(self._free)
                 owner = self._owner
                 if owner is None or short > len(self._cached):

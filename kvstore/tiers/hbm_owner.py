@@ -2,7 +2,7 @@
 and whoever owns its eviction policy.
 
 The pool keeps refcounts and the prefix cache (key -> block); it never picks victims itself. Its
-owner does, through three calls, all made by the pool *without* holding the pool's lock (so an
+owner does, through four calls, all made by the pool *without* holding the pool's lock (so an
 owner may call back into the pool: ``delete``, ``read``, ``meta``, ``is_in_use``):
 
 * ``reclaim(num_blocks) -> int`` — the pool needs ``num_blocks`` more free blocks for an
@@ -12,6 +12,8 @@ owner may call back into the pool: ``delete``, ``read``, ``meta``, ``is_in_use``
   re-checks its free list afterwards). Returning 0 means "nothing more to evict".
 * ``on_commit(metas)`` — the engine committed these blocks: they are new prefix-cache entries the
   owner should start tracking (and, under write-through, copy down).
+* ``on_allocate()`` — an ``allocate`` took free blocks: an owner that keeps a free reserve
+  queues its refill here (off the caller's thread: the caller is the engine's scheduler).
 * ``on_hit(keys)`` — the engine reused these cached keys (``acquire_prefix``). Keys come deepest
   block first, so under LRU a prefix's tail is evicted before its head (vLLM frees a request's
   blocks in reverse order for the same reason).
@@ -38,6 +40,8 @@ class PoolOwner(Protocol):
     def reclaim(self, num_blocks: int) -> int: ...
 
     def on_commit(self, metas: Sequence[BlockMeta]) -> None: ...
+
+    def on_allocate(self) -> None: ...
 
     def on_hit(self, keys: Sequence[bytes]) -> None: ...
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,23 +55,39 @@ def test_each_namespace_gets_its_own_hits_misses_and_hit_rates(admin_daemon: Adm
 
 def test_pages_redis_expired_count_as_expired_for_the_tier_and_the_namespace(
         tmp_path: Path, redis_server: RedisServer) -> None:
-    """Write-back over a 10-page host and a 20-page disk tier sends the 10 oldest blocks of a
-    40-block prefix to Redis, with a TTL of 1 s; once it ran out, a lookup finds them gone."""
+    """Write-back over a 10-page host and a 20-page disk tier sends the oldest blocks of a
+    40-block prefix to Redis (10, and the disk's free reserve), with a TTL of 1 s; once it ran
+    out, a lookup finds them gone."""
     ns = namespace()
     chain = ns.chain(list(range(40 * 16)))
     with AdminDaemon(tmp_path, redis_url=redis_server.url, host=f"{10 * PAGE}",
                      disk=f"{20 * PAGE}", write_policy="write_back", promote_on_hit=False,
                      redis_ttl_s=1.0) as d, DaemonStore(d.target, ns.id) as s, d.client() as api:
         assert s.write_pages(chain.metas(), pages(40, 3)).stored == 40
-        found = s.lookup(list(chain.keys))
-        assert found.num_blocks == 40 and found.tiers[:10] == ("redis",) * 10
+        found, looked = _settled_lookup(s, list(chain.keys))  # the disk's cleaner may move some
+        in_redis = found.tiers.count("redis")
+        assert found.num_blocks == 40 and found.tiers[:in_redis] == ("redis",) * in_redis
+        assert 10 <= in_redis <= 12  # the disk keeps up to 2 of its 20 pages free
         time.sleep(1.5)
         assert s.lookup(list(chain.keys)).num_blocks == 0  # the prefix starts with expired pages
         st = api.get("/v1/stats").json()
     tiers = {t["name"]: t for t in st["tiers"]}
-    assert tiers["redis"]["misses"]["expired"] == 10
+    assert tiers["redis"]["misses"]["expired"] == in_redis
     assert tiers["host"]["misses"]["expired"] is None and tiers["disk"]["misses"]["expired"] is None
     (row,) = st["namespaces"]
-    assert row["misses"]["expired"] == 10 and row["misses"]["absent"] == 40
-    assert (row["lookup_hit_blocks"], row["lookup_miss_blocks"]) == (40, 40)
-    assert row["hit_rate_1m"] == 0.5
+    assert row["misses"]["expired"] == in_redis and row["misses"]["absent"] == 40
+    assert (row["lookup_hit_blocks"], row["lookup_miss_blocks"]) == (40 * looked, 40)
+    assert row["hit_rate_1m"] == looked / (looked + 1)
+
+
+def _settled_lookup(s: DaemonStore, keys: list[bytes]) -> tuple[Any, int]:
+    """A lookup whose answer held still for 0.2 s (background write-back done), and how many
+    lookups that took."""
+    prev = s.lookup(keys)
+    for looked in range(2, 52):
+        time.sleep(0.2)
+        found = s.lookup(keys)
+        if found.tiers == prev.tiers:
+            return found, looked
+        prev = found
+    raise AssertionError("the store kept moving pages")

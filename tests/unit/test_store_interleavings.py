@@ -215,7 +215,7 @@ class Interleavings(RuleBasedStateMachine):
         self.store = TieredStore(LAYOUT, [self.fast, self.slow], list(policies),
                                  write_policy=write_policy,  # type: ignore[arg-type]
                                  selective_hits=1, promote_on_hit=promote, lease_ttl_s=600.0)
-        self.store._lock = self.lock  # the same kind of lock, watched (no behaviour changes)
+        self.store._st.lock = self.lock  # the same kind of lock, watched (no behaviour changes)
 
     def _run(self, op: tuple[str, Any, str]) -> None:
         s = self.store

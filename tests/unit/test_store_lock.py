@@ -15,38 +15,11 @@ import pytest
 
 from kvstore import KVLayout, Namespace, TieredStore
 from kvstore.metrics import Metrics
-from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.host import HostTier
+from tests.gated_tiers import GatedDisk
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=16, block_size=4, dtype="float16")
 NS = Namespace("lock", LAYOUT)
-
-
-class GatedDisk(DiskTier):
-    """A disk tier whose deletes and writes wait for ``gate`` (and say they started)."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.in_delete = threading.Event()
-        self.in_write = threading.Event()
-        self.deleted = threading.Event()  # a delete did its work (then waits for after_delete)
-        self.after_delete = threading.Event()
-        self.after_delete.set()
-
-    def delete(self, keys: Any) -> int:
-        self.in_delete.set()
-        assert self.gate.wait(30)
-        n = super().delete(keys)
-        self.deleted.set()
-        assert self.after_delete.wait(30)
-        return n
-
-    def write(self, metas: Any, pages: Any) -> Any:
-        self.in_write.set()
-        assert self.gate.wait(30)
-        return super().write(metas, pages)
 
 
 @pytest.fixture

@@ -1,0 +1,328 @@
+"""Admission and eviction: claiming room in a tier, choosing victims, writing them back and
+deleting them, admitting what was written, copies down a tier, and deletes.
+
+A writer *claims* room under the store lock (choosing victims), writes the victims back and
+deletes them outside it, then writes its pages and publishes them to the policy under the lock
+again. Victims between choice and delete are *retiring*; keys a tier deletes outside the lock
+are *deleting* (see :meth:`Room.begin_delete`). The tier's cleaner (:mod:`kvstore.cleaner`)
+evicts through the same calls ahead of need, on the store's mover.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+
+from kvstore.cleaner import Cleaner
+from kvstore.keys import BlockMeta
+from kvstore.results import PutResult
+from kvstore.store_state import StoreState
+from kvstore.tiers.base import Tier
+from kvstore.tiers.hbm_owner import OwnedPool
+from kvstore.tiers.slab import SlabSlots
+
+log = logging.getLogger("kvstore.store")
+
+
+class Room:
+    def __init__(self, state: StoreState, free_reserve: float) -> None:
+        self._st = state
+        self.cleaner = Cleaner(state.tiers, free_reserve, room=self.room, evict=self.evict_ahead,
+                               submit=state.mover.submit, metrics=state.metrics)
+
+    def store_into(self, ti: int, metas: list[BlockMeta], views: list[np.ndarray]) -> PutResult:
+        step = self._st.tiers[ti].capacity_pages
+        if len(metas) <= step:
+            return self._store_chunk(ti, metas, views)
+        # A batch larger than the tier: later chunks evict (and write back) earlier ones.
+        parts = [
+            self._store_chunk(ti, metas[i : i + step], views[i : i + step])
+            for i in range(0, len(metas), step)
+        ]
+        return PutResult(*(sum(getattr(p, f) for p in parts) for f in ("stored", "existing", "refused")))
+
+    def _store_chunk(self, ti: int, metas: list[BlockMeta], views: list[np.ndarray]) -> PutResult:
+        tier, policy = self._st.tiers[ti], self._st.policies[ti]
+        present = tier.contains([m.key for m in metas]) if metas else []
+        new_m, new_v = [], []
+        seen: set[bytes] = set()
+        busy = 0  # pages of keys the tier is deleting now: refused (a write could land first)
+        with self._st.lock:
+            writing, deleting = self._st.writing[ti], self._st.deleting[ti]
+            for meta, view, here in zip(metas, views, present):
+                if deleting and meta.key in deleting:
+                    busy += 1
+                    continue
+                if here or meta.key in seen or meta.key in writing:
+                    policy.access(meta.key)
+                    continue
+                seen.add(meta.key)
+                new_m.append(meta)
+                new_v.append(view)
+            victims, claim = self.claim(ti, len(new_m))
+        if victims:
+            claim = self.retire(ti, victims, claim)
+        write_m, write_v = new_m[:claim], new_v[:claim]
+        try:
+            stored = tier.write(write_m, write_v) if write_m else []
+        finally:
+            with self._st.lock:
+                self._st.claimed[ti] -= claim
+        ok_m = [m for m, ok in zip(write_m, stored) if ok]
+        ok_v = [v for v, ok in zip(write_v, stored) if ok]
+        self.admit(ti, ok_m)
+        refused = len(new_m) - len(ok_m) + busy
+        if self._st.write_policy == "write_through" and ok_m and ti + 1 < len(self._st.tiers):
+            self._st.metrics.copies.labels("write_through", self._st.tiers[ti + 1].name).inc(len(ok_m))
+            refused += self.store_into(ti + 1, ok_m, ok_v).refused
+        return PutResult(len(ok_m), len(metas) - len(new_m) - busy, refused)
+
+    def admit(self, ti: int, metas: Sequence[BlockMeta]) -> None:
+        """Track pages just written to tier ``ti`` (their room was claimed)."""
+        if not metas:
+            return
+        tier, policy = self._st.tiers[ti], self._st.policies[ti]
+        with self._st.lock:
+            if not tier.shared:
+                # an eviction may have taken a page between its write and now: track only what
+                # the tier still holds (a local index check)
+                metas = [m for m, held in zip(metas, tier.contains([m.key for m in metas])) if held]
+                deleting = self._st.deleting[ti]
+                if deleting:  # a delete in flight may still remove it: _end_delete decides
+                    metas = [m for m in metas if m.key not in deleting]
+            for meta in metas:
+                if meta.key in policy:
+                    policy.access(meta.key)
+                elif len(policy) < policy.capacity:
+                    policy.insert(meta.key, meta.parent)
+        if self._st.listeners and metas:
+            self._st.listeners.emit("stored", tier.name, [m.key for m in metas],
+                                 [m.namespace_id for m in metas])
+
+    def claim(self, ti: int, n: int) -> tuple[list[bytes], int]:
+        """Claim room for ``n`` more pages in tier ``ti`` (lock held): choose the victims whose
+        deletion makes it, and return them with the number of pages claimed (fewer than ``n``
+        when pinned pages leave no more to evict). The caller retires the victims outside the
+        lock and gives the claim back once it has admitted what it wrote."""
+        if n <= 0:
+            return [], 0
+        tier, policy = self._st.tiers[ti], self._st.policies[ti]
+        claimed, retiring = self._st.claimed[ti], self._st.retiring[ti]
+        need = max(claimed + n - tier.free_pages - len(retiring) - len(self._st.deleting[ti]),
+                   len(policy) + claimed + n - policy.capacity)
+        victims: list[bytes] = []
+        if need > 0:
+            victims = self.choose_victims(ti, need)
+            self.cleaner.note_inline(ti, len(victims))
+        claim = max(0, min(n, policy.capacity - len(policy) - claimed))
+        self._st.claimed[ti] += claim
+        self.cleaner.check(ti)
+        return victims, claim
+
+    def room(self, ti: int) -> int:
+        """Pages tier ``ti`` can take without evicting: free in the tier and in its policy,
+        less the room writers claimed (victims retiring or being deleted count as free)."""
+        tier, policy = self._st.tiers[ti], self._st.policies[ti]
+        with self._st.lock:
+            claimed = self._st.claimed[ti]
+            going = len(self._st.retiring[ti]) + len(self._st.deleting[ti])
+            return min(tier.free_pages + going - claimed, policy.capacity - len(policy) - claimed)
+
+    def evict_ahead(self, ti: int, n: int) -> int:
+        """The cleaner's eviction (on its lane): up to ``n`` victims of tier ``ti`` by its
+        policy, written back per the write policy. Returns how many were chosen."""
+        with self._st.lock:
+            victims = self.choose_victims(ti, n)
+        if victims:
+            self.retire(ti, victims)
+        return len(victims)
+
+    def choose_victims(self, ti: int, n: int) -> list[bytes]:
+        """Take up to ``n`` victims out of tier ``ti``'s policy (lock held); they are retiring
+        until :meth:`_retire` deletes them."""
+        tier, policy = self._st.tiers[ti], self._st.policies[ti]
+        self._st.leases.expire()
+        pins = self._st.leases.pins
+        if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
+            in_use = tier.is_in_use
+            victims = cast("list[bytes]", policy.evict(n, lambda k: k in pins or in_use(k)))
+        else:
+            victims = cast("list[bytes]", policy.evict(n, pins.__contains__))
+        hits = self._st.hits[ti]
+        for k in victims:
+            hits.pop(k, None)
+        self._st.retiring[ti].update(victims)
+        self._st.removals += 1
+        return victims
+
+    def retire(self, ti: int, victims: list[bytes], claim: int = 0) -> int:
+        """Write ``victims`` back (write-back policy) and delete them from tier ``ti``. Called
+        without the lock. A victim that a lease pinned since it was chosen is kept and goes back
+        into the policy; the room it would have freed is taken off ``claim``, whose remainder
+        is returned (the writer that claimed it writes that many pages)."""
+        tier, policy = self._st.tiers[ti], self._st.policies[ti]
+        if ti + 1 < len(self._st.tiers) and self._st.write_policy == "write_back":
+            try:
+                self.copy_down(ti, victims, "write_back")
+            except Exception:  # noqa: BLE001 - a failed write-back loses a copy, not the tier
+                log.exception("write-back from tier %r failed", tier.name)
+        with self._st.lock:
+            self._st.leases.expire()
+            pins, retiring = self._st.leases.pins, self._st.retiring[ti]
+            gone, spared = [], 0
+            for k in victims:
+                retiring.discard(k)
+                if k in policy:
+                    continue  # re-admitted meanwhile by a write of the same key: it stays
+                meta = tier.meta(k) if k in pins else None
+                if meta is not None:
+                    policy.insert(k, meta.parent)
+                    spared += 1
+                else:
+                    gone.append(k)
+            give_up = min(spared, claim)
+            self._st.claimed[ti] -= give_up
+            spaces = self._st.namespaces_of(tier, gone)
+            slow = bool(gone) and self.deletes_slowly(tier)
+            if slow:
+                self.begin_delete(ti, gone)
+            elif gone and not tier.shared:
+                tier.delete(gone)
+            # after the delete, never before it: see _removals
+            self._st.removals += 1
+        if slow:
+            self.delete_off_lock(ti, gone)
+        if tier.shared:  # network I/O: outside the lock (its policy is a budget, see above)
+            tier.delete(gone)
+        tier.count_eviction(len(gone))
+        if self._st.listeners:
+            self._st.listeners.emit("removed", tier.name, gone, spaces)
+        return claim - give_up
+
+    @staticmethod
+    def deletes_slowly(tier: Tier) -> bool:
+        """A local tier whose delete is I/O (a disk index transaction that may wait on an
+        fsync): it runs outside the lock. A slab tier's delete is an in-memory index update and
+        stays under it (its staging path relies on that)."""
+        return not tier.shared and not isinstance(tier, SlabSlots)
+
+    def begin_delete(self, ti: int, keys: Sequence[bytes]) -> None:
+        """Mark ``keys`` (untracked already) as being deleted from tier ``ti`` outside the lock
+        (lock held): until :meth:`_end_delete`, writers refuse them, admissions skip them, and a
+        leased lookup re-checks its run (a page found there is not leased: it is going)."""
+        self._st.deleting[ti].update(keys)
+        self._st.deletes_in_flight += 1
+        self._st.removals += 1
+
+    def delete_off_lock(self, ti: int, keys: Sequence[bytes]) -> int:
+        tier = self._st.tiers[ti]
+        try:
+            return tier.delete(keys)
+        finally:
+            with self._st.lock:
+                self.end_delete(ti, keys)
+
+    def end_delete(self, ti: int, keys: Sequence[bytes]) -> None:
+        """The delete of ``keys`` from tier ``ti`` ended (lock held). A key a writer wrote
+        after the delete ran is the tier's again: tracked, as its admission would have."""
+        deleting, tier, policy = self._st.deleting[ti], self._st.tiers[ti], self._st.policies[ti]
+        deleting.subtract(keys)
+        done = [k for k in dict.fromkeys(keys) if deleting[k] <= 0]
+        for k in done:
+            del deleting[k]
+        self._st.deletes_in_flight -= 1
+        self._st.removals += 1  # after the delete: see _removals
+        back = [k for k, here in zip(done, tier.contains(done)) if here] if done else []
+        for k in back:
+            if k in policy or k in self._st.retiring[ti]:
+                continue
+            if len(policy) < policy.capacity:  # the tier holds it: the policy has its room
+                meta = tier.meta(k)
+                policy.insert(k, meta.parent if meta else None)
+            else:  # never leave a page no policy tracks (not expected: a guard)
+                tier.delete([k])
+
+    def copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
+        """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present."""
+        src, dst = self._st.tiers[ti], self._st.tiers[ti + 1]
+        keys = [k for k, there in zip(keys, dst.contains(list(keys))) if not there]
+        metas = [m for m in (src.meta(k) for k in keys) if m is not None]
+        if not metas:
+            return
+        bufs = self._st.scratch(len(metas))
+        by_ns: dict[bytes, list[int]] = {}
+        for i, m in enumerate(metas):
+            by_ns.setdefault(m.namespace_id, []).append(i)
+        ok_m, ok_v = [], []
+        for ns, idx in by_ns.items():
+            found = self._st.timed_read(src, ns, [metas[i].key for i in idx], [bufs[i] for i in idx])
+            for i, f in zip(idx, found):
+                if f:
+                    ok_m.append(metas[i])
+                    ok_v.append(bufs[i])
+        if ok_m:
+            self._st.metrics.copies.labels(reason, dst.name).inc(len(ok_m))
+            self.store_into(ti + 1, ok_m, ok_v)
+
+    def adopt(self, ti: int, metas: Sequence[BlockMeta]) -> None:
+        """Track pages an engine committed in pool tier ``ti`` as if they had been put there
+        (write-through copies them down, in the background)."""
+        with self._st.lock:
+            policy = self._st.policies[ti]
+            for meta in metas:
+                if meta.key not in policy and len(policy) < policy.capacity:
+                    policy.insert(meta.key, meta.parent)
+        if self._st.listeners:
+            self._st.listeners.emit("stored", self._st.tiers[ti].name, [m.key for m in metas],
+                                 [m.namespace_id for m in metas])
+        if self._st.write_policy == "write_through" and ti + 1 < len(self._st.tiers):
+            self._st.background(self.copy_down, ti, [m.key for m in metas], "write_through")
+
+    def evict(self, ti: int, n: int) -> int:
+        """Evict up to ``n`` pages of tier ``ti`` by its policy (write-back applies, outside the
+        lock). Returns how many pages left the tier."""
+        with self._st.lock:
+            victims = self.choose_victims(ti, n)
+        if not victims:
+            return 0
+        before = self._st.tiers[ti].used_pages
+        self.retire(ti, victims)
+        return max(0, before - self._st.tiers[ti].used_pages)
+
+    def delete(self, keys: list[bytes]) -> int:
+        """Remove ``keys`` (checked) from every tier: untracked under the lock, deleted outside
+        it where that is I/O. Returns how many tier copies were deleted."""
+        n = 0
+        shared, slow = [], []
+        removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
+        with self._st.lock:
+            for ti, tier in enumerate(self._st.tiers):
+                for k in keys:
+                    self._st.policies[ti].remove(k)
+                    self._st.hits[ti].pop(k, None)
+                if tier.shared:
+                    shared.append(tier)
+                    continue
+                if self._st.listeners:  # which of them it held, and whose they were
+                    held = [k for k, here in zip(keys, tier.contains(keys)) if here]
+                    removed.append((tier.name, held, self._st.namespaces_of(tier, held)))
+                if self.deletes_slowly(tier):
+                    self.begin_delete(ti, keys)
+                    slow.append(ti)
+                else:
+                    n += tier.delete(keys)  # an in-memory index update: policy == tier
+            self._st.removals += 1  # after the deletes (see StoreState.removals)
+        for ti in slow:  # I/O outside the lock
+            n += self.delete_off_lock(ti, keys)
+        for tier in shared:  # network I/O outside the lock
+            n += tier.delete(keys)
+            removed.append((tier.name, keys, [None] * len(keys)))
+        for name, gone, spaces in removed:
+            self._st.listeners.emit("removed", name, gone, spaces)
+        return n
+
+
+__all__ = ["Room"]

@@ -1,0 +1,130 @@
+"""What the store's jobs share: the tiers, their policies, and the bookkeeping the store lock
+guards. :class:`~kvstore.store.TieredStore` composes its jobs around one of these -- lookups and
+leases (:mod:`kvstore.lookups`), reads (:mod:`kvstore.reads`), admission and eviction
+(:mod:`kvstore.room`), the staging path (:mod:`kvstore.staging_path`) -- and the store's module
+docstring states the invariants they keep together.
+
+Only in-memory bookkeeping runs under ``lock``; tier I/O never does (local index checks aside).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from kvstore.bandwidth import BandwidthMeter
+from kvstore.buffers import aligned_pages
+from kvstore.errors import InvalidArgument, StoreClosed
+from kvstore.events import Listeners
+from kvstore.layout import KVLayout
+from kvstore.leases import LeaseTable
+from kvstore.metrics import Metrics
+from kvstore.mover import COPIES, Mover
+from kvstore.namespace_stats import NamespaceCounters
+from kvstore.policy import EvictionPolicy
+from kvstore.tiers.base import MissTally, Tier
+
+
+class StoreState:
+    def __init__(
+        self,
+        layout: KVLayout,
+        tiers: Sequence[Tier],
+        policies: Sequence[EvictionPolicy],
+        *,
+        write_policy: str,
+        selective_hits: int,
+        promote_on_hit: bool,
+        leases: LeaseTable,
+        bandwidth: BandwidthMeter,
+        metrics: Metrics,
+        prefetch_workers: int,
+    ) -> None:
+        self.layout = layout
+        self.tiers: list[Tier] = list(tiers)
+        self.policies: list[EvictionPolicy] = list(policies)
+        self.by_name = {t.name: i for i, t in enumerate(tiers)}
+        self.write_policy = write_policy
+        self.selective_hits = selective_hits
+        self.promote_on_hit = promote_on_hit
+        self.metrics = metrics
+        self.leases = leases
+        self.bw = bandwidth
+        self.lock = threading.RLock()
+        self.listeners = Listeners()
+        #: each tier's hit counts of ``selective`` (a page copied down at selective_hits)
+        self.hits: list[dict[bytes, int]] = [{} for _ in tiers]
+        #: room claimed by writers that have not published yet
+        self.claimed = [0] * len(tiers)
+        #: victims chosen, not yet deleted
+        self.retiring: list[set[bytes]] = [set() for _ in tiers]
+        #: keys a tier is deleting outside the lock (untracked already; counted per delete in
+        #: flight), and how many such deletes run (see Room.begin_delete)
+        self.deleting: list[Counter[bytes]] = [Counter() for _ in tiers]
+        self.deletes_in_flight = 0
+        #: bumped (lock held) whenever a page leaves a tier's policy or retiring set, and only
+        #: once the tier has deleted it (same hold of the lock): a leased lookup reads it before
+        #: asking the tiers, and one that sees no bump when it leases skips re-checking its run
+        #: (see kvstore.leases, "What a lease promises")
+        self.removals = 0
+        #: keys of open store handles, by tier
+        self.writing: list[set[bytes]] = [set() for _ in tiers]
+        #: lookups, loads and misses per namespace, of the calls that name one (see
+        #: :mod:`kvstore.namespace_stats`)
+        self.namespace_counts = NamespaceCounters()
+        self.mover = Mover()  # its threads start with its first job
+        self.executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise StoreClosed()
+
+    def tier_index(self, name: str | None) -> int:
+        """The index of tier ``name`` (None: the fastest). InvalidArgument names the tiers."""
+        if name is None:
+            return 0
+        try:
+            return self.by_name[name]
+        except (KeyError, TypeError):
+            raise InvalidArgument(
+                f"no tier named {name!r}", hint=f"tiers are {list(self.by_name)}"
+            ) from None
+
+    def background(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the mover's copies lane (in submission order)."""
+        if not self.closed:
+            self.mover.submit(fn, *args, lane=COPIES)
+
+    def timed_read(
+        self, tier: Tier, ns: bytes, keys: Sequence[bytes], outs: Sequence[np.ndarray],
+        tally: MissTally | None = None,
+    ) -> list[bool]:
+        """``tier.read``, feeding the tier's bandwidth average when it returned pages."""
+        t0 = time.perf_counter()
+        found = tier.read(ns, keys, outs, tally)
+        self.bw.sample(tier.name, sum(found) * self.layout.page_bytes, time.perf_counter() - t0)
+        return found
+
+    def namespaces_of(self, tier: Tier, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The namespace of each of ``keys`` in ``tier`` when someone listens and the tier can
+        tell cheaply (not a shared tier: that would be a network call)."""
+        if not self.listeners or not keys:
+            return []
+        if tier.shared:
+            return [None] * len(keys)
+        metas = [tier.meta(k) for k in keys]
+        return [m.namespace_id if m is not None else None for m in metas]
+
+    def scratch(self, n: int) -> list[np.ndarray]:
+        """``n`` page buffers, 4 KiB aligned, so copies through a disk tier need no bounce."""
+        return list(aligned_pages(n, self.layout.page_bytes))
+
+
+__all__ = ["StoreState"]
