@@ -69,7 +69,7 @@ def _ours(model: LlamaForPagedLM, cfg: ModelConfig, device: torch.device, batch:
     """Decode tokens/s of our engine: (t(1 + new) - t(1)) over batch x new tokens."""
     blocks = batch * (-(-(context + new + 1) // BLOCK)) + 8
     layout = cfg.kv_layout(BLOCK)
-    pool = HBMTier("hbm", layout, blocks, Metrics(), device=device)
+    pool = HBMTier.build("hbm", layout, blocks, Metrics(), device=device)
     # The whole batch's prompts in one prefill step, as HF's generate runs them, so that every
     # request decodes from the same step on. Chunked, the first requests decode beside the last
     # ones' prefill and finish first, and the last steps decode a few requests: on the H200 that

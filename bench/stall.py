@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = Namespace("bench-stall", LAYOUT)
     with redis_server(exe) as url:
         m = Metrics()
-        hbm = HBMTier("hbm", LAYOUT, pool_pages, m, device="cpu")
+        hbm = HBMTier.build("hbm", LAYOUT, pool_pages, m, device="cpu")
         host = build_tier({"kind": "host", "capacity": pool_pages * LAYOUT.page_bytes,
                            "pin_memory": False}, LAYOUT, m)
         # a breaker that never opens: every call to the stalled server waits its timeout_s

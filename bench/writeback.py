@@ -41,7 +41,7 @@ DEFAULT_RESERVE = StoreConfig().free_reserve
 
 
 def _pool(device: str, m: Metrics) -> HBMTier:
-    return HBMTier("hbm", LAYOUT, POOL_BLOCKS, m, device=device)
+    return HBMTier.build("hbm", LAYOUT, POOL_BLOCKS, m, device=device)
 
 
 def _store(device: str, reserve: float, tmp: Path) -> tuple[HBMTier, TieredStore]:

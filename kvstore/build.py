@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from kvstore.config import KVStoreConfig, TierConfig, _describe
+from kvstore.config import KVStoreConfig, TierConfig, tier_config_error
 from kvstore.errors import ConfigError, InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
@@ -25,11 +25,12 @@ def build_store(
     cfg: KVStoreConfig,
     metrics: Metrics | None = None,
     *,
-    tier_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    tier_runtime: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> TieredStore:
     """Open every configured tier, fastest first, and compose them. If a tier fails to open,
     the ones already opened are closed and the error propagates (the start stops).
-    ``tier_kwargs``: extra constructor arguments by tier name (e.g. a host tier's ``slab``)."""
+    ``tier_runtime``: by tier name, constructor arguments no config can hold (the host tier's
+    shared-memory ``slab``)."""
     metrics = metrics if metrics is not None else Metrics()
     layout = cfg.layout.build()
     mac = RecordMac(cfg.security.secret_bytes())
@@ -43,7 +44,7 @@ def build_store(
     tiers: list[Tier] = []
     try:
         for i, tcfg in enumerate(cfg.tiers):
-            extra = (tier_kwargs or {}).get(tcfg.name, {})
+            extra = (tier_runtime or {}).get(tcfg.name, {})
             tiers.append(_open_tier(i, tcfg, layout, metrics, mac,
                                     cfg.security.store_token_ids, extra))
         s = cfg.store
@@ -103,9 +104,7 @@ def build_tier(
         try:
             cfg = _TIER_ENTRY.validate_python(dict(cfg))
         except ValidationError as exc:
-            lines, _ = _describe(exc, {})
-            raise ConfigError("invalid tier configuration:\n" + "\n".join(lines),
-                              hint="fix the field(s) named above") from None
+            raise tier_config_error(exc) from None
     return make_tier(cfg, layout, metrics if metrics is not None else Metrics(), mac=mac,
                      store_token_ids=store_token_ids, **extra)
 

@@ -497,6 +497,15 @@ def _field_error(field: str, detail: str) -> PydanticCustomError:
     return PydanticCustomError("kvstore_field", "{field}: {detail}", {"field": field, "detail": detail})
 
 
+def tier_config_error(exc: ValidationError, name: str | None = None) -> ConfigError:
+    """The ConfigError for a tier config (of tier ``name``, where known) that failed validation:
+    one line per bad field, as a whole configuration's (a secret's input never shown)."""
+    lines, _ = _describe(exc, {})
+    of = "" if name is None else f" of tier {name!r}"
+    return ConfigError(f"invalid tier configuration{of}:\n" + "\n".join(lines),
+                       hint="fix the field(s) named above")
+
+
 def _describe(
     exc: ValidationError, env: Mapping[tuple[str, ...], str]
 ) -> tuple[list[str], list[bool]]:

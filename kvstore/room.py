@@ -98,9 +98,26 @@ class Room:
                     policy.access(meta.key)
                 elif len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
+            self._entered(ti, [m.key for m in metas])
         if self._st.listeners and metas:
             self._st.listeners.emit("stored", tier.name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])
+
+    def _entered(self, ti: int, keys: list[bytes]) -> None:
+        """``keys`` were just written to tier ``ti`` (lock held): each is clean there if the
+        tier below holds it (a local index check; below a shared tier, its admission there
+        tells), and the tier above, where it holds them, has them clean now."""
+        st = self._st
+        clean = st.clean[ti]
+        clean.difference_update(keys)
+        if ti + 1 < len(st.tiers) and not st.tiers[ti + 1].shared and keys:
+            clean.update(k for k, there in zip(keys, st.tiers[ti + 1].contains(keys)) if there)
+        if ti > 0:
+            above = st.policies[ti - 1]
+            st.clean[ti - 1].update(k for k in keys if k in above)
+        policy = st.policies[ti]
+        if len(clean) > 2 * policy.capacity:  # keys that left by paths that do not say so
+            clean.intersection_update(cast("list[bytes]", list(policy)))
 
     def claim(self, ti: int, n: int) -> tuple[list[bytes], int]:
         """Claim room for ``n`` more pages in tier ``ti`` (lock held): choose the victims whose
@@ -185,6 +202,7 @@ class Room:
                     gone.append(k)
             give_up = min(spared, claim)
             self._st.claimed[ti] -= give_up
+            self._st.clean[ti].difference_update(gone)
             spaces = self._st.namespaces_of(tier, gone)
             slow = bool(gone) and self.deletes_slowly(tier)
             if slow:
@@ -246,8 +264,13 @@ class Room:
                 tier.delete([k])
 
     def copy_down(self, ti: int, keys: Sequence[bytes], reason: str) -> None:
-        """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present."""
+        """Copy ``keys`` from tier ``ti`` to ``ti + 1`` where they are not already present
+        (a write-back: nor already copied once, see StoreState.clean)."""
         src, dst = self._st.tiers[ti], self._st.tiers[ti + 1]
+        if reason == "write_back":
+            with self._st.lock:
+                clean = self._st.clean[ti]
+                keys = [k for k in keys if k not in clean]
         keys = [k for k, there in zip(keys, dst.contains(list(keys))) if not there]
         metas = [m for m in (src.meta(k) for k in keys) if m is not None]
         if not metas:
@@ -275,6 +298,7 @@ class Room:
             for meta in metas:
                 if meta.key not in policy and len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
+            self._entered(ti, [m.key for m in metas])
         if self._st.listeners:
             self._st.listeners.emit("stored", self._st.tiers[ti].name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])
@@ -303,6 +327,7 @@ class Room:
                 for k in keys:
                     self._st.policies[ti].remove(k)
                     self._st.hits[ti].pop(k, None)
+                self._st.clean[ti].difference_update(keys)
                 if tier.shared:
                     shared.append(tier)
                     continue

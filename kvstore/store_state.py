@@ -73,6 +73,10 @@ class StoreState:
         #: asking the tiers, and one that sees no bump when it leases skips re-checking its run
         #: (see kvstore.leases, "What a lease promises")
         self.removals = 0
+        #: pages of each tier whose copy has reached the tier below since they entered it:
+        #: evicting one writes nothing back, even where the tier below has dropped its copy
+        #: since (its policy judged it colder than what it keeps: a write-back would undo that)
+        self.clean: list[set[bytes]] = [set() for _ in tiers]
         #: keys of open store handles, by tier
         self.writing: list[set[bytes]] = [set() for _ in tiers]
         #: lookups, loads and misses per namespace, of the calls that name one (see

@@ -273,7 +273,7 @@ def _run(demo: DemoModel, turns: int, seed: int, block_size: int, max_tokens: in
     for caching in (True, False):
         mode = "with cache" if caching else "without cache"
         steps.next(f"{mode}: warm-up")
-        pool = HBMTier("hbm", layout, num_blocks, Metrics(), device="cpu")
+        pool = HBMTier.build("hbm", layout, num_blocks, Metrics(), device="cpu")
         TieredStore(layout, [pool])  # the store owns eviction of the pool's cached blocks
         engine = Engine(model, pool, ns, enable_prefix_caching=caching)
         history = tok.encode(SYSTEM_PROMPT, add_bos=True)
@@ -310,7 +310,7 @@ def _run_with_host(model: LlamaForPagedLM, tok: Tokenizer, layout: KVLayout, tur
     """Conversations A and B alternate on a pool sized for the longest single request."""
     blocks = -(-_positions_needed(tok, turns, max_tokens) // layout.block_size) + 2
     m = Metrics()
-    pool = HBMTier("hbm", layout, blocks, m, device="cpu")
+    pool = HBMTier.build("hbm", layout, blocks, m, device="cpu")
     host = build_tier({"kind": "host", "capacity": 4 * blocks * layout.page_bytes}, layout, m)
     store = TieredStore(layout, [pool, host], ["lineage", "lru"])  # see Engine.from_config
     engine = Engine(model, pool, ns, connector=(

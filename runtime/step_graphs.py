@@ -504,7 +504,10 @@ class StepGraphs:
         out: torch.Tensor | None = None
         for body in bodies:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._mempool):
+            # thread_local: the store's threads keep copying on their own streams meanwhile
+            # (a pool's write-back ahead of need, a connector's transfers); in the default
+            # global mode their pinned allocations and syncs would invalidate this capture
+            with torch.cuda.graph(g, pool=self._mempool, capture_error_mode="thread_local"):
                 out = body()
             graphs.append(g)
         assert out is not None

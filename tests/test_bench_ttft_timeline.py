@@ -22,4 +22,4 @@ def test_the_timeline_names_each_phase_of_a_host_hit_in_order(
     assert [starts[k] for k in order] == sorted(starts[k] for k in order)
     for inner in ("connector match", "store.lookup", "store.prepare_load"):
         assert inner in starts
-    assert re.search(r"max\(load, hbm\) / hit = \d\.\d{3}", out)
+    assert re.search(r"max\(load, hbm\) / hit = \d+\.\d{3}", out)

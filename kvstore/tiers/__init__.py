@@ -14,23 +14,21 @@ if TYPE_CHECKING:
     from kvstore.metrics import Metrics
     from kvstore.record import RecordMac
 
-#: kind -> "module:Class"
-TIERS: dict[str, str] = {
-    "hbm": "kvstore.tiers.hbm:HBMTier",
-    "host": "kvstore.tiers.host:HostTier",
-    "disk": "kvstore.tiers.disk:DiskTier",
-    "redis": "kvstore.tiers.redis:RedisTier",
+#: kind -> (its tier class, its config model), as "module:Class" paths: the one line that
+#: registers a kind (docs/tiers.md: adding a tier). The config model's module must be light (it
+#: imports none of the tier's dependencies: every configuration load imports it, and the
+#: config's tier list is the discriminated union of these models); the tier's module is imported
+#: only when the kind is configured.
+TIER_KINDS: dict[str, tuple[str, str]] = {
+    "hbm": ("kvstore.tiers.hbm:HBMTier", "kvstore.tiers.hbm_config:HBMTierConfig"),
+    "host": ("kvstore.tiers.host:HostTier", "kvstore.tiers.host_config:HostTierConfig"),
+    "disk": ("kvstore.tiers.disk:DiskTier", "kvstore.tiers.disk_config:DiskTierConfig"),
+    "redis": ("kvstore.tiers.redis:RedisTier", "kvstore.tiers.redis_config:RedisTierConfig"),
 }
-#: kind -> "module:Class" of its config model (light modules: no tier dependency imported);
-#: the config's tier list is the discriminated union of these
-TIER_CONFIGS: dict[str, str] = {
-    "hbm": "kvstore.tiers.hbm_config:HBMTierConfig",
-    "host": "kvstore.tiers.host_config:HostTierConfig",
-    "disk": "kvstore.tiers.disk_config:DiskTierConfig",
-    "redis": "kvstore.tiers.redis_config:RedisTierConfig",
-}
-#: Kinds whose pages leave the process as records (kvstore.record): they take the record MAC.
-RECORD_TIERS = frozenset({"disk", "redis"})
+#: kind -> "module:Class" of its tier
+TIERS: dict[str, str] = {kind: tier for kind, (tier, _) in TIER_KINDS.items()}
+#: kind -> "module:Class" of its config model
+TIER_CONFIGS: dict[str, str] = {kind: model for kind, (_, model) in TIER_KINDS.items()}
 
 
 REGISTRY: Registry[Tier] = Registry("tier kind", "tier kinds", Tier, TIERS)
@@ -49,22 +47,20 @@ def tier_class(kind: str) -> type[Tier]:
 
 
 def make_tier(
-    cfg: Any, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None,
-    store_token_ids: bool = False, **extra: Any
+    cfg: TierConfigBase, layout: KVLayout, metrics: Metrics, *, mac: RecordMac | None = None,
+    store_token_ids: bool = False, **runtime: Any
 ) -> Tier:
-    """Build a tier from its config model (``kvstore.tiers.<kind>_config``); a tier that writes
-    records gets ``mac`` (None: the public key, integrity only) and ``store_token_ids``
-    (``security.store_token_ids``); ``extra``: keyword arguments the config cannot hold (the
-    daemon hands the host tier its shared-memory slab)."""
+    """Build a tier from its validated config model (``kvstore.tiers.<kind>_config``); a tier
+    that writes records also gets ``mac`` (None: the public key, integrity only) and
+    ``store_token_ids`` (``security.store_token_ids``); ``runtime``: constructor arguments the
+    config cannot hold (the daemon hands the host tier its shared-memory slab)."""
     cls = tier_class(cfg.kind)
-    capacity_pages = int(cfg.capacity) // layout.page_bytes
-    kwargs = {**cfg.tier_kwargs(), **extra}
-    if cfg.kind in RECORD_TIERS:
-        kwargs["store_token_ids"] = store_token_ids
+    if cls.writes_records:
+        runtime["store_token_ids"] = store_token_ids
         if mac is not None:
-            kwargs["mac"] = mac
-    return cls(cfg.name, layout, capacity_pages, metrics, **kwargs)
+            runtime["mac"] = mac
+    return cls(cfg, layout, metrics, **runtime)
 
 
-__all__ = ["CONFIGS", "RECORD_TIERS", "REGISTRY", "TIER_CONFIGS", "TIERS", "Tier", "make_tier",
+__all__ = ["CONFIGS", "REGISTRY", "TIER_CONFIGS", "TIER_KINDS", "TIERS", "Tier", "make_tier",
            "tier_class", "tier_config_models"]

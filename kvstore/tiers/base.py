@@ -32,7 +32,8 @@ Contract of the public methods (batch operations on lists of keys; keys are 16-b
   defaults fit a tier in memory or on a local disk; a tier over servers overrides them.
 
 Every public method is thread-safe. Argument errors raise :class:`InvalidArgument` before anything
-changes. Tiers never read the environment; their settings arrive through the constructor.
+changes. Tiers never read the environment; their settings arrive through the constructor, as one
+validated config model (:attr:`Tier.config_model`).
 """
 
 from __future__ import annotations
@@ -42,15 +43,17 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
+from pydantic import ValidationError
 
 from kvstore.errors import InvalidArgument, StoreClosed, TierUnavailable
 from kvstore.checks import check_keys
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics, ServerStats, TierHealth, TierStats
+from kvstore.tiers.config_base import TierConfigBase
 
 
 @dataclass(slots=True)
@@ -73,23 +76,40 @@ class Tier(ABC):
     #: contents can change under the store, and it does not refuse writes past
     #: ``capacity_pages`` — that is this node's budget, enforced by the store's policy.
     shared: ClassVar[bool] = False
+    #: True when pages leave the process as records (:mod:`kvstore.record`): the constructor
+    #: then takes the runtime arguments ``mac`` and ``store_token_ids``.
+    writes_records: ClassVar[bool] = False
     #: Seconds an unused page lives before the medium drops it by itself (a sliding expiry each
     #: hit renews); None: a page stays until it is deleted.
     ttl_s: float | None = None
 
+    #: This kind's config model (``kvstore.tiers.<kind>_config``): the one declaration of its
+    #: settings, which the constructor reads; what no config can hold (an object, a secret key
+    #: derived elsewhere) is a keyword argument of the constructor instead.
+    config_model: ClassVar[type[TierConfigBase]] = TierConfigBase
+
     def __init__(
-        self, name: str, layout: KVLayout, capacity_pages: int, metrics: Metrics | None = None
+        self, config: TierConfigBase, layout: KVLayout, metrics: Metrics | None = None
     ) -> None:
-        if not isinstance(capacity_pages, int) or isinstance(capacity_pages, bool):
+        """``config``: a validated instance of :attr:`config_model`; the tier holds
+        ``config.capacity // layout.page_bytes`` pages. Raises InvalidArgument for a config of
+        another model or a capacity under one page (the config cannot know the layout)."""
+        if not isinstance(config, self.config_model):
             raise InvalidArgument(
-                f"tier {name!r}: capacity_pages must be an int, got {capacity_pages!r:.40}",
-                hint="give a whole number of pages (a config's capacity may be a size in bytes)",
+                f"{type(self).__name__} takes a {self.config_model.__name__}, got "
+                f"{type(config).__name__}",
+                hint=f"build one from settings with {type(self).__name__}.build(...) or "
+                "kvstore.build.build_tier",
             )
+        name = config.name
+        capacity_pages = int(config.capacity) // layout.page_bytes
         if capacity_pages < 1:
             raise InvalidArgument(
                 f"tier {name!r} holds {capacity_pages} pages of {layout.page_bytes} bytes",
                 hint="raise the tier's capacity to at least one page",
             )
+        #: The settings this tier was built with.
+        self.config = config
         self.name = name
         self._tier_closed = False
         self.layout = layout
@@ -106,6 +126,32 @@ class Tier(ABC):
         self._m_lat = {op: m.latency.labels(name, op) for op in ("contains", "read", "write", "delete")}
         m.occupancy.labels(name, "capacity").set(capacity_pages)
         self._tally = threading.local()  # .current: the MissTally of this thread's call, if any
+
+    @classmethod
+    def build(
+        cls, name: str, layout: KVLayout, capacity_pages: int, metrics: Metrics | None = None,
+        **settings: Any,
+    ) -> Self:
+        """The tier from loose settings, for code that sizes a tier in pages (tests, benchmarks,
+        an engine's pool): ``settings`` that are fields of :attr:`config_model` build the
+        config (validated: ConfigError naming each bad field, as
+        :func:`kvstore.build.build_tier` raises); the rest go to the constructor as runtime
+        arguments (e.g. a record tier's ``mac``)."""
+        if not isinstance(capacity_pages, int) or isinstance(capacity_pages, bool):
+            raise InvalidArgument(
+                f"tier {name!r}: capacity_pages must be an int, got {capacity_pages!r:.40}",
+                hint="give a whole number of pages (a config's capacity may be a size in bytes)",
+            )
+        fields = cls.config_model.model_fields
+        runtime = {k: settings.pop(k) for k in list(settings) if k not in fields}
+        try:
+            config = cls.config_model(
+                name=name, capacity=max(0, capacity_pages) * layout.page_bytes, **settings)
+        except ValidationError as exc:
+            from kvstore.config import tier_config_error  # kvstore.config imports the tiers
+
+            raise tier_config_error(exc, name) from None
+        return cls(config, layout, metrics, **runtime)
 
     # ----------------------------------------------------------------- public, instrumented
 

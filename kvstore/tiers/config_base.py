@@ -5,7 +5,6 @@ tier's dependencies), named in :data:`kvstore.tiers.TIER_CONFIGS`."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -19,8 +18,8 @@ class Strict(BaseModel):
 
 class TierConfigBase(Strict):
     """A tier's config: ``kind``, ``name``, ``capacity`` and ``policy`` at least (each model
-    redeclares them with its own defaults, ``kind`` as its literal), and the keyword arguments
-    its tier class takes."""
+    redeclares them with its own defaults, ``kind`` as its literal), and every other setting of
+    its tier: the tier's constructor takes the validated model (``Tier.config_model``)."""
 
     kind: str
     name: str
@@ -31,9 +30,6 @@ class TierConfigBase(Strict):
     @classmethod
     def _v_policy(cls, spec: str) -> str:
         return check_policy(spec)
-
-    def tier_kwargs(self) -> dict[str, Any]:
-        return {}
 
 
 def check_policy(spec: str) -> str:

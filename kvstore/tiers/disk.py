@@ -86,31 +86,24 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lmdb
 import numpy as np
 
-from kvstore.errors import InvalidArgument, TierUnavailable
+from kvstore.errors import TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.record import RecordMac, default_mac_threads, stored_meta
 from kvstore.tiers import disk_io
 from kvstore.tiers.base import Tier
-from kvstore.tiers.disk_config import DEFAULT_MAX_IO_BYTES
+from kvstore.tiers.disk_config import DiskTierConfig, Durability
 from kvstore.tiers.disk_failures import read_failures, write_failures
 from kvstore.tiers.disk_index import DiskIndex, IndexEntry, IndexReplaced
 from kvstore.tiers.disk_io import ALIGN, aligned_empty
 from kvstore.tiers.disk_lock import lock_directory
-from kvstore.tiers.disk_setup import (
-    DURABILITY,
-    Durability,
-    open_directory,
-    slab_open_error,
-    use_o_direct,
-    validate,
-)
+from kvstore.tiers.disk_setup import open_directory, slab_open_error, use_o_direct
 from kvstore.tiers.disk_slab import Slab
 from kvstore.tiers.disk_slots import FreeSlots
 from kvstore.tiers.disk_space import check_capacity
@@ -119,66 +112,41 @@ from kvstore.tiers.disk_workers import IOWorkers
 
 log = logging.getLogger("kvstore.tiers.disk")
 
-#: The group commit's bound. Measured on the 2-core machine (MAC off, puts interleaved batch by
-#: batch with raw O_DIRECT, median of 3 x 384 MiB): 2 MiB x 16, raw 3.88 GB/s: none 0.839,
-#: group at 100 ms 0.838, at 20 ms 0.847, batch 0.785 of raw; 256 KiB x 64, raw 3.65: none
-#: 0.671, group 100 ms 0.683, 20 ms 0.637, batch 0.567. The group commit costs nothing
-#: measurable against no flushing at all (what is left to raw is the tier's own work); 100 ms
-#: bounds the exposure to a power cut well inside what a recomputable cache needs.
-DEFAULT_SYNC_INTERVAL_MS = 100.0
 ATIME_FLUSH_S = 30.0
 
 
 class DiskTier(Tier):
     kind = "disk"
+    writes_records = True
+    config_model = DiskTierConfig
 
     def __init__(
         self,
-        name: str,
+        config: DiskTierConfig,
         layout: KVLayout,
-        capacity_pages: int,
         metrics: Metrics | None = None,
         *,
-        path: str | os.PathLike[str],
-        io_threads: int = 8,
-        o_direct: Literal["auto"] | bool = "auto",
-        durability: Durability = "group",
-        sync_interval_ms: float = DEFAULT_SYNC_INTERVAL_MS,
-        preallocate: bool = True,
-        allow_network_fs: bool = False,
-        check_index: bool = True,
-        max_io_bytes: int = DEFAULT_MAX_IO_BYTES,
         mac: RecordMac | None = None,
-        hash_in_workers: bool | None = None,
         store_token_ids: bool = False,
     ) -> None:
-        """``path``: the tier's own directory (created if missing). ``io_threads``: parallel
-        I/O workers. ``o_direct``: "auto" (use it where the filesystem allows, else log and
-        fall back), True (refuse to start without it) or False. ``durability``: when a put
-        becomes power-safe: "group" (a group commit at most ``sync_interval_ms`` after it),
-        "batch" (before ``write`` returns: a device flush per batch) or "none" (never forced);
-        every mode keeps every acknowledged put across a process crash (module docstring).
-        ``preallocate``: allocate the whole slab at start (else it is sparse and grows).
-        ``allow_network_fs``: run on NFS/CIFS/... anyway. ``check_index``: walk the index in a
-        child process before opening it. ``max_io_bytes``: the most bytes one preadv/pwritev
-        moves (one slot where a slot is bigger). ``mac``: the records' MAC, keyed by the
-        deployment secret (None: the public key). ``hash_in_workers``: who hashes a put's
-        records and verifies a get's: the I/O workers, each the run it moves (True), or the
-        calling thread, run after run while the workers move the others (False); None: the
-        workers where the machine has cores to spare for it (``record.default_mac_threads``),
-        else the caller. ``store_token_ids``: keep each block's token ids in its record and
-        index entry (``security.store_token_ids``); by default neither holds them
+        """Opens the tier in ``config.path`` (the settings: :class:`DiskTierConfig`).
+        ``config.durability`` says when a put becomes power-safe; every mode keeps every
+        acknowledged put across a process crash (module docstring). ``config.hash_in_workers``
+        None: the I/O workers hash and verify where the machine has cores to spare for it
+        (``record.default_mac_threads``), else the calling thread does.
+
+        Runtime arguments: ``mac``: the records' MAC, keyed by the deployment secret (None: the
+        public key). ``store_token_ids``: keep each block's token ids in its record and index
+        entry (``security.store_token_ids``); by default neither holds them
         (``record.stored_meta``)."""
-        super().__init__(name, layout, capacity_pages, metrics)
-        validate(name, io_threads, o_direct, max_io_bytes, durability, sync_interval_ms)
-        self.path = Path(path)
-        self.durability: Durability = durability
-        self.sync_interval_ms = sync_interval_ms
+        super().__init__(config, layout, metrics)
+        name, capacity_pages = self.name, self.capacity_pages
+        self.path = Path(config.path)
+        self.durability: Durability = config.durability
+        self.sync_interval_ms = config.sync_interval_ms
         self._committer: GroupCommitter | None = None
-        self._max_io_bytes = max_io_bytes
-        if hash_in_workers not in (None, True, False):
-            raise InvalidArgument(f"disk tier {name!r}: hash_in_workers must be true, false or "
-                                  f"None: {hash_in_workers!r}")
+        self._max_io_bytes = int(config.max_io_bytes)
+        hash_in_workers = config.hash_in_workers
         #: Whether the I/O workers hash and verify the runs they move (else the caller does).
         self.hash_in_workers = (default_mac_threads() > 0 if hash_in_workers is None
                                 else hash_in_workers)
@@ -200,7 +168,8 @@ class DiskTier(Tier):
         self._index: DiskIndex | None = None
         self._workers: IOWorkers | None = None
         try:
-            self._open(o_direct, preallocate, allow_network_fs, check_index, io_threads)
+            self._open(config.o_direct, config.preallocate, config.allow_network_fs,
+                       config.check_index, config.io_threads)
         except BaseException:
             self._release()
             raise
@@ -580,4 +549,4 @@ class DiskTier(Tier):
             self._flush_queued = False
 
 
-__all__ = ["ALIGN", "DURABILITY", "DiskTier", "Durability", "aligned_empty"]
+__all__ = ["ALIGN", "DiskTier", "Durability", "aligned_empty"]

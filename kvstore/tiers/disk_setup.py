@@ -1,4 +1,4 @@
-"""Setting up a disk tier: its settings validated, its directory and filesystem checked, the
+"""Setting up a disk tier (its settings were validated by its config model): its directory and filesystem checked, the
 choice of O_DIRECT, and what a slab that cannot be opened is reported as. Every failure is a
 :class:`ConfigError` (or :class:`InvalidArgument`) whose hint names the setting to change.
 
@@ -12,43 +12,14 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from kvstore.errors import ConfigError, InvalidArgument
+from kvstore.errors import ConfigError
 from kvstore.tiers import disk_io
-from kvstore.tiers.disk_io import ALIGN
 from kvstore.tiers.disk_slab import Slab
 
 log = logging.getLogger("kvstore.tiers.disk")
 
-Durability = Literal["group", "batch", "none"]
-DURABILITY: tuple[Durability, ...] = ("group", "batch", "none")
-
-
-def validate(
-    name: str,
-    io_threads: int,
-    o_direct: Any,
-    max_io_bytes: int,
-    durability: str,
-    sync_interval_ms: float,
-) -> None:
-    """Raises InvalidArgument for the first setting out of its range."""
-    what = f"disk tier {name!r}:"
-    if not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
-        raise InvalidArgument(f"{what} io_threads must be in [1, 256], got {io_threads!r}")
-    if o_direct not in ("auto", True, False):
-        raise InvalidArgument(f"{what} o_direct must be 'auto', true or false: {o_direct!r}")
-    if max_io_bytes < ALIGN:
-        raise InvalidArgument(f"{what} max_io_bytes must be >= {ALIGN}, got {max_io_bytes}")
-    if durability not in DURABILITY:
-        raise InvalidArgument(
-            f"{what} durability must be one of {', '.join(DURABILITY)}: {durability!r}"
-        )
-    if not 0 < sync_interval_ms <= 60_000:
-        raise InvalidArgument(
-            f"{what} sync_interval_ms must be in (0, 60000], got {sync_interval_ms!r}"
-        )
 
 
 def open_directory(name: str, path: Path, allow_nfs: bool) -> str:

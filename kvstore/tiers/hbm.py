@@ -63,6 +63,7 @@ from kvstore.metrics import Metrics
 from kvstore.ops import copy_rows, copy_spans
 from kvstore.checks import check_keys
 from kvstore.tiers.base import Tier
+from kvstore.tiers.hbm_config import HBMTierConfig
 from kvstore.tiers.hbm_owner import OwnedPool, PoolOwner
 from kvstore.tiers.slots import SlotReads
 
@@ -87,17 +88,13 @@ class CommitResult:
 
 class HBMTier(SlotReads, Tier, OwnedPool):
     kind = "hbm"
+    config_model = HBMTierConfig
 
     def __init__(
-        self,
-        name: str,
-        layout: KVLayout,
-        capacity_pages: int,
-        metrics: Metrics | None = None,
-        *,
-        device: str | torch.device | None = None,
+        self, config: HBMTierConfig, layout: KVLayout, metrics: Metrics | None = None
     ) -> None:
-        super().__init__(name, layout, capacity_pages, metrics)
+        super().__init__(config, layout, metrics)
+        name, capacity_pages, device = self.name, self.capacity_pages, config.device
         dev = torch.device(device if device is not None else _default_device())
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise InvalidArgument(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ByteSize, Field
+from pydantic import ByteSize, Field, field_validator
 
 from kvstore.sizes import Size
 from kvstore.tiers.config_base import TierConfigBase
@@ -24,5 +24,9 @@ class HBMTierConfig(TierConfigBase):
         "first, so a chain keeps its head"))
     device: str | None = Field(None, description="torch device; default cuda if present, else cpu")
 
-    def tier_kwargs(self) -> dict[str, Any]:
-        return {"device": self.device}
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_as_text(cls, device: object) -> object:
+        # An engine holds a torch.device: it is kept as its text ("cuda:0"), which this light
+        # module can check without importing torch.
+        return str(device) if type(device).__name__ == "device" else device

@@ -39,6 +39,7 @@ from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.ops import copy_choice, copy_spans
 from kvstore.tiers.base import Tier
+from kvstore.tiers.host_config import HostTierConfig
 from kvstore.tiers.slab import SlabSlots
 from kvstore.tiers.slots import SlotReads
 
@@ -49,19 +50,22 @@ _IS_SLOT = functools.partial(operator.is_not, None)  # index.get's miss; slot 0 
 
 class HostTier(SlotReads, SlabSlots, Tier):
     kind = "host"
+    config_model = HostTierConfig
 
     def __init__(
         self,
-        name: str,
+        config: HostTierConfig,
         layout: KVLayout,
-        capacity_pages: int,
         metrics: Metrics | None = None,
         *,
-        pin_memory: bool | None = None,
         slab: np.ndarray | None = None,
     ) -> None:
-        super().__init__(name, layout, capacity_pages, metrics)
+        """``slab``: memory to hold the pages in, mapped by the caller (the daemon's shared
+        memory); None: the tier allocates its own (pinned per ``config.pin_memory``)."""
+        super().__init__(config, layout, metrics)
+        name, capacity_pages = self.name, self.capacity_pages
         nbytes = capacity_pages * layout.page_bytes
+        pin_memory = None if config.pin_memory == "auto" else config.pin_memory
         if slab is None:
             slab, self.pinned = _allocate(name, nbytes, pin_memory)
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ByteSize, Field
 
@@ -22,6 +22,3 @@ class HostTierConfig(TierConfigBase):
     pin_memory: Literal["auto"] | bool = Field("auto", description=(
         "page-lock the slab for fast GPU copies; auto: when CUDA is available, true: refuse to "
         "start without it"))
-
-    def tier_kwargs(self) -> dict[str, Any]:
-        return {"pin_memory": None if self.pin_memory == "auto" else self.pin_memory}

@@ -99,11 +99,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from kvstore.errors import InvalidArgument, TierUnavailable
+from kvstore.errors import TierUnavailable
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics, ServerStats
@@ -116,16 +116,10 @@ from kvstore.tiers.redis_receive import PageReceiver, ValueReceiver
 from kvstore.tiers.redis_records import CODEC_ZSTD, DAMAGED, Records, ahead
 from kvstore.tiers.redis_resp import ReplyError, RespIO, command, command_head
 from kvstore.tiers.redis_route import Router
-from kvstore.tiers.redis_setup import CODECS, connection_settings, load_zstd, validate
-
-Compression = Literal["none", "zstd"]
+from kvstore.tiers.redis_config import Compression, RedisTierConfig
+from kvstore.tiers.redis_setup import CODECS, connection_settings, load_zstd
 
 _WINDOW_BYTES = 5 << 20  # value bytes in flight per server during a get (deeper costs the server)
-#: Connections a batch of puts of large pages is split over. Measured on the 2-core machine,
-#: MAC on, against LMCache's client in the same rounds: 2 MiB pages put 0.75-0.83 of LMCache
-#: with 2 lanes, 0.67-0.71 with 1; 4 lanes no faster than 2. Gets were 5-15 % slower with
-#: lanes, so gets do not use them.
-DEFAULT_WRITE_LANES = 2
 #: Pages smaller than this are put over one lane whatever ``write_lanes`` says: each lane's
 #: thread takes the GIL a few times per page (hashing, send), and with 256 KiB pages that
 #: hand-off cost more than the overlap gained (same measurement: 0.61-0.71 of LMCache with
@@ -133,79 +127,56 @@ DEFAULT_WRITE_LANES = 2
 LANES_MIN_PAGE_BYTES = 1 << 20
 
 
+def _text(path: object) -> str | None:
+    return None if path is None else str(path)
+
+
 class RedisTier(Tier):
     kind = "redis"
+    writes_records = True
     shared = True
+    config_model = RedisTierConfig
 
     def __init__(
         self,
-        name: str,
+        config: RedisTierConfig,
         layout: KVLayout,
-        capacity_pages: int,
         metrics: Metrics | None = None,
         *,
-        url: str | None = None,
-        cluster_nodes: Sequence[str] | None = None,
-        username: str | None = None,
-        password: str | None = None,
-        tls: bool = False,
-        tls_ca_certs: str | None = None,
-        tls_certfile: str | None = None,
-        tls_keyfile: str | None = None,
-        tls_verify: bool = True,
-        connect_timeout_s: float = 0.5,
-        timeout_s: float = 1.0,
-        retries: int = 2,
-        breaker_failures: int = 3,
-        breaker_cooldown_s: float = 1.0,
-        ttl_s: float | None = None,
-        compression: Compression = "none",
-        key_prefix: str = "kvstore",
         mac: RecordMac | None = None,
-        mac_threads: int | None = None,
-        write_lanes: int = DEFAULT_WRITE_LANES,
         store_token_ids: bool = False,
     ) -> None:
-        """Connect to one server (``url``, e.g. ``redis://[user:password@]host:6379/0``;
-        ``rediss://`` for TLS) or to a Redis Cluster (``cluster_nodes``, seeds as ``host:port``).
-        ``mac``: the records' MAC, keyed by the deployment secret (None: the public key).
-        ``mac_threads``: threads of the MAC pool that hashes a batch's pages in parallel (None:
-        ``record.default_mac_threads()``, by the cores; 0: the calling thread hashes them).
-        ``write_lanes``: connections (per server) one batch of puts of pages of at least
-        ``LANES_MIN_PAGE_BYTES`` is split over (smaller pages use one), each part
-        hashed and sent at once (:mod:`kvstore.tiers.redis_lanes`); 1: one exchange. Gets are
-        one exchange: they already hash each page as it arrives, and lanes measured slower.
-        ``store_token_ids``: keep each block's token ids in its record (``security.
-        store_token_ids``); by default they are left out (``record.stored_meta``).
+        """Connect to one server (``config.url``) or to a Redis Cluster
+        (``config.cluster_nodes``, seeds as ``host:port``); the settings:
+        :class:`RedisTierConfig`. ``config.mac_threads`` None: ``record.default_mac_threads()``,
+        by the cores. ``config.write_lanes``: connections (per server) one batch of puts of
+        pages of at least ``LANES_MIN_PAGE_BYTES`` is split over (smaller pages use one), each
+        part hashed and sent at once (:mod:`kvstore.tiers.redis_lanes`); 1: one exchange. Gets
+        are one exchange: they already hash each page as it arrives, and lanes measured slower.
 
-        Raises :class:`ConfigError` for a bad setting or rejected credentials, and
+        Runtime arguments: ``mac``: the records' MAC, keyed by the deployment secret (None: the
+        public key). ``store_token_ids``: keep each block's token ids in its record
+        (``security.store_token_ids``); by default they are left out (``record.stored_meta``).
+
+        Raises :class:`ConfigError` for rejected credentials or a url that does not parse, and
         :class:`TierUnavailable` when no server answers within ``connect_timeout_s``.
         """
-        super().__init__(name, layout, capacity_pages, metrics)
-        validate(name, url, cluster_nodes, connect_timeout_s, timeout_s, retries,
-                 breaker_failures, breaker_cooldown_s, ttl_s, compression, key_prefix)
-        self.timeout_s = float(timeout_s)
-        self.connect_timeout_s = float(connect_timeout_s)
-        self.retries = int(retries)
+        super().__init__(config, layout, metrics)
+        name, ttl_s, compression = self.name, config.ttl_s, config.compression
+        self.timeout_s = config.timeout_s
+        self.connect_timeout_s = config.connect_timeout_s
+        self.retries = config.retries
         self.ttl_s = ttl_s
         self.compression: Compression = compression
         self._records = Records(
-            layout, key_prefix, mac if mac is not None else RecordMac(None), CODECS[compression],
-            load_zstd(required=compression == "zstd", tier=name),
+            layout, config.key_prefix, mac if mac is not None else RecordMac(None),
+            CODECS[compression], load_zstd(required=compression == "zstd", tier=name),
         )
         self.store_token_ids = bool(store_token_ids)
-        if mac_threads is None:
-            mac_threads = default_mac_threads()
-        elif not isinstance(mac_threads, int) or not 0 <= mac_threads <= 256:
-            raise InvalidArgument(
-                f"redis tier {name!r}: mac_threads must be in [0, 256], got {mac_threads!r}"
-            )
         #: Threads of the MAC pool (0: none, the calling thread hashes).
-        self.mac_threads = mac_threads
-        if not isinstance(write_lanes, int) or not 1 <= write_lanes <= 64:
-            raise InvalidArgument(
-                f"redis tier {name!r}: write_lanes must be in [1, 64], got {write_lanes!r}"
-            )
+        self.mac_threads = (default_mac_threads() if config.mac_threads is None
+                            else config.mac_threads)
+        write_lanes = config.write_lanes
         self.write_lanes = write_lanes
         #: Lanes a batch of puts really uses: ``write_lanes`` for pages of at least
         #: ``LANES_MIN_PAGE_BYTES``, else 1.
@@ -221,15 +192,18 @@ class RedisTier(Tier):
         self._book = KeyBook(ttl_s)
         self.oom_refused = 0  # puts refused because the server hit maxmemory
 
+        password = config.password
         connect = connection_settings(
-            name, self.connect_timeout_s, url, cluster_nodes, username, password, tls,
-            tls_ca_certs, tls_certfile, tls_keyfile, tls_verify,
+            name, self.connect_timeout_s, config.url, config.cluster_nodes, config.username,
+            None if password is None else password.get_secret_value(), config.tls,
+            _text(config.tls_ca_certs), _text(config.tls_certfile), _text(config.tls_keyfile),
+            config.tls_verify,
         )
         self._router = Router(
-            name, connect, self.metrics, cluster=cluster_nodes is not None,
+            name, connect, self.metrics, cluster=config.cluster_nodes is not None,
             timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s,
-            retries=self.retries, breaker_failures=breaker_failures,
-            breaker_cooldown_s=breaker_cooldown_s,
+            retries=self.retries, breaker_failures=config.breaker_failures,
+            breaker_cooldown_s=config.breaker_cooldown_s,
         )
         self._getex = ttl_s is not None and self._router.version >= (6, 2)
 

@@ -1,5 +1,6 @@
-"""Setting up the Redis tier: validating its settings, building redis-py connections (AUTH /
-ACL user, TLS), probing the server at start, and redis-py's cluster client for the slot map.
+"""Setting up the Redis tier (its config model has validated its settings): building redis-py
+connections (AUTH / ACL user, TLS), probing the server at start, and redis-py's cluster client
+for the slot map.
 
 Everything here runs at construction (and on a cluster topology refresh), never per call.
 Failures become the kvstore error tree with a hint naming the setting to change. No message
@@ -20,7 +21,7 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
+from kvstore.errors import ConfigError, TierUnavailable
 from kvstore.tiers.redis_pool import NET_ERRORS
 
 #: Compression setting -> record codec id (the low byte of the record header's flags).
@@ -267,44 +268,5 @@ def load_zstd(*, required: bool, tier: str) -> Any:
     return zstandard
 
 
-def validate(
-    name: str,
-    url: str | None,
-    cluster_nodes: Sequence[str] | None,
-    connect_timeout_s: float,
-    timeout_s: float,
-    retries: int,
-    breaker_failures: int,
-    breaker_cooldown_s: float,
-    ttl_s: float | None,
-    compression: str,
-    key_prefix: str,
-) -> None:
-    def bad(msg: str, hint: str) -> InvalidArgument:
-        return InvalidArgument(f"redis tier {name!r}: {msg}", hint=hint)
-
-    if (url is None) == (not cluster_nodes):
-        raise bad("give exactly one of url and cluster_nodes",
-                  "url for one server, cluster_nodes for a Redis Cluster")
-    if isinstance(cluster_nodes, (str, bytes)):
-        raise bad("cluster_nodes must be a list of 'host:port'", "e.g. ['10.0.0.5:6379']")
-    for name, value in (("connect_timeout_s", connect_timeout_s), ("timeout_s", timeout_s),
-                        ("breaker_cooldown_s", breaker_cooldown_s)):
-        if not value > 0:
-            raise bad(f"{name} must be > 0, got {value!r}", f"set {name} to a positive number")
-    if retries < 0:
-        raise bad(f"retries must be >= 0, got {retries}", "set retries to 0..5")
-    if breaker_failures < 1:
-        raise bad(f"breaker_failures must be >= 1, got {breaker_failures}",
-                  "set breaker_failures to e.g. 3")
-    if ttl_s is not None and not ttl_s >= 0.001:
-        raise bad(f"ttl_s must be >= 0.001 or None, got {ttl_s!r}", "leave ttl_s unset for no TTL")
-    if compression not in CODECS:
-        raise bad(f"unknown compression {compression!r}", f"use one of {sorted(CODECS)}")
-    if not key_prefix or any(c in key_prefix for c in "{} \r\n\t"):
-        raise bad(f"key_prefix {key_prefix!r} must be non-empty, without spaces or braces",
-                  "braces would make a cluster hash tag and put every page on one shard")
-
-
 __all__ = ["CODECS", "Connect", "connect_cluster", "connection_settings", "host_port", "load_zstd",
-           "probe", "redact", "validate"]
+           "probe", "redact"]

@@ -120,7 +120,7 @@ def start(cfg: KVStoreConfig) -> Daemon:
     try:
         # clients map it read-only: from here on only this mapping writes it
         slab.seal(read_only=True)
-        store = build_store(cfg, tier_kwargs={host.name: {"slab": slab.array}})
+        store = build_store(cfg, tier_runtime={host.name: {"slab": slab.array}})
     except BaseException:
         slab.close()
         raise

@@ -47,7 +47,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -61,10 +61,13 @@ from kvstore.namespace_labels import check_label
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
-from connector.daemon.peer_memory import Peer, PeerMemoryError, probe
+from connector.daemon.peer_memory import Peer, probe
 from connector.daemon.shm import SharedSlab
 from server.daemon.events import CacheEvent, EventHub
+from server.daemon.peer_copy import PeerCopy
+from server.daemon.session import Segments, Session, SessionInfo
 from server.daemon.staging_area import StagingArea
+from server.daemon.tenancy import check_namespace, check_quota, chained
 
 log = logging.getLogger("kvstore.daemon")
 
@@ -78,52 +81,6 @@ class Limits:
     #: rows of each session's staging area (its saves in flight, in pages); None: as many as
     #: the staging tier has slots
     staging_pages: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """The handshake: what a client needs to check its layout (it maps the slab through
-    :meth:`DaemonService.segments`)."""
-
-    session_id: str
-    shm_bytes: int
-    staging_tier: str
-    lease_ttl_s: float
-    staging_pages: int
-
-
-@dataclass(frozen=True, slots=True)
-class Segments:
-    """What a session maps: the slab (read-only to it) and its own staging area."""
-
-    slab: SharedSlab
-    staging: StagingArea
-
-
-#: the most memory segments a peer copy may name per page and layer (a page spread over its
-#: layers' K and V tensors is 2 per layer; more is a caller splitting pages for no reason)
-_SEGMENTS_PER_PAGE = 4
-
-
-@dataclass(eq=False)
-class Session:
-    id: str
-    loads: dict[int, tuple[bytes, LoadHandle]] = field(default_factory=dict)
-    stores: dict[int, tuple[bytes, StoreHandle]] = field(default_factory=dict)
-    leases: dict[int, tuple[bytes, Lease]] = field(default_factory=dict)
-    #: store handle id -> the staging rows its pages are written into
-    staged: dict[int, list[int]] = field(default_factory=dict)
-    #: store handles taken by complete_store and not yet published (their pages are still
-    #: "being written": a later block of the prompt chains from them)
-    completing: dict[int, tuple[bytes, StoreHandle]] = field(default_factory=dict)
-    staging: StagingArea | None = None
-    #: the client process, where the daemon may copy to and from its memory (peer copy)
-    peer: Peer | None = None
-    ended: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def num_records(self) -> int:
-        return len(self.loads) + len(self.stores) + len(self.leases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +106,7 @@ class DaemonService:
         self._copy_pool = copy_pool
         self._copy_threads = max(1, getattr(copy_pool, "_max_workers", 1))
         self.peer_copy = peer_copy
-        self._m_peer = store.metrics.counter(
-            "kvstore_daemon_peer_copy_pages",
-            "Pages the daemon copied straight from (save) or into (load) a client's memory, "
-            "by result.", ["direction", "result"])
+        self._peer = PeerCopy(self._slab_rows, store.layout, store.metrics)
         self._staging_pages = min(limits.staging_pages or self.staging.capacity_pages,
                                   self.staging.capacity_pages)
         self.limits = limits
@@ -216,41 +170,6 @@ class DaemonService:
         if old is not None:
             old.close()
         return s.peer is peer
-
-    def _peer_copy(self, s: Session, slots: Sequence[int], segments: np.ndarray, *,
-                   write: bool, what: str) -> None:
-        """Copy between slab ``slots`` and the (address, length) ``segments`` of the session's
-        client process: read into the slots, or with ``write`` from them."""
-        peer = s.peer
-        if peer is None:
-            raise InvalidArgument(f"{what} names pages in the client's memory, but this session "
-                                  "has no peer copy (its MAP probe failed, or daemon.peer_copy "
-                                  "is off)", hint="write the staging rows instead")
-        page = self.store.layout.page_bytes
-        want = len(slots) * page
-        most = len(slots) * _SEGMENTS_PER_PAGE * self.store.layout.num_layers
-        if len(segments) > most:
-            raise InvalidArgument(f"{what} names {len(segments)} memory segments for "
-                                  f"{len(slots)} pages; at most {most} are taken",
-                                  hint="name whole pages, or one piece per layer's K and V")
-        if segments.ndim != 2 or segments.shape[1] != 2 or int(segments[:, 1].sum()) != want \
-                or (len(segments) and int(segments[:, 1].min()) == 0):
-            raise InvalidArgument(f"{what} names {len(segments)} memory segments of "
-                                  f"{int(segments[:, 1].sum()) if segments.ndim == 2 else 0} bytes "
-                                  f"for {len(slots)} pages of {page} bytes (none may be empty)")
-        base = self._slab_rows.__array_interface__["data"][0]
-        local = np.empty((len(slots), 2), np.uint64)
-        local[:, 0] = base + np.asarray(slots, np.uint64) * np.uint64(page)
-        local[:, 1] = page
-        direction = "load" if write else "save"
-        try:
-            peer.transfer(local, segments, write=write)
-        except PeerMemoryError as exc:
-            self._m_peer.labels(direction, "failed").inc(len(slots))
-            raise InvalidArgument(f"{what}: the client's memory: {exc}",
-                                  hint="name memory of this process that stays mapped until "
-                                       "the call returns") from None
-        self._m_peer.labels(direction, "ok").inc(len(slots))
 
     def close_session(self, session_id: str) -> None:
         """End a session: complete its loads, abort its stores, release its leases. Idempotent."""
@@ -358,44 +277,6 @@ class DaemonService:
                     for n, h in itertools.chain(s.stores.values(), s.completing.values())
                     if n == ns for m in h.metas}
 
-    def _chained(self, ns: bytes, metas: list[BlockMeta]) -> tuple[list[BlockMeta], int]:
-        """The blocks of ``metas`` that chain from ``ns`` (see the module docstring), and how
-        many were dropped for an unknown parent. Raises InvalidArgument for a block whose key
-        or parent another namespace holds."""
-        ok, seen, dropped = [], {ns}, 0
-        writing: set[bytes] | None = None
-        for m in metas:
-            holder = self.store.namespace_of(m.key)
-            if holder is not None and holder != ns:
-                raise InvalidArgument(f"block {m.key.hex()} is held under another namespace")
-            if m.parent not in seen:
-                holder = self.store.namespace_of(m.parent)
-                if holder is not None and holder != ns:
-                    raise InvalidArgument(
-                        f"block {m.key.hex()} chains from a block of another namespace")
-                if holder is None:
-                    writing = self._writing_under(ns) if writing is None else writing
-                    if m.parent not in writing:
-                        dropped += 1
-                        continue
-            seen.add(m.key)
-            ok.append(m)
-        return ok, dropped
-
-    def _check_quota(self, ns: bytes, metas: list[BlockMeta]) -> None:
-        quota = self.limits.namespace_quota_pages
-        if quota is None:
-            return
-        t = self.staging
-        # the tier counts its pages per namespace: no scan of every page it holds per save
-        held = t.pages_of(ns) + len(self._writing_under(ns))
-        present = t.contains([m.key for m in metas]) if metas else []
-        new = sum(1 for p in present if not p)
-        if held + new > quota:
-            raise QuotaExceeded(
-                f"namespace {ns.hex()[:16]} holds {held} of its {quota} pages; {new} more asked",
-                hint="raise daemon.namespace_quota, or delete pages of this namespace")
-
     # ----------------------------------------------------------------- lookup and leases
 
     def lookup(self, session_id: str, ns: bytes, packed_keys: bytes, lease: bool,
@@ -471,7 +352,7 @@ class DaemonService:
         handle = cast(LoadHandle, self._take(s, s.loads, handle_id, ns, "load handle"))
         try:
             if into is not None:
-                self._peer_copy(s, handle.slots, into, write=True, what="complete_load")
+                self._peer.copy(s.peer, handle.slots, into, write=True, what="complete_load")
         finally:
             n = self.store.complete_load(handle)
         return n
@@ -489,8 +370,9 @@ class DaemonService:
         self._keys(ns, [m.key for m in metas])
         s = self._session(session_id)
         self._check_room(s)
-        ok, dropped = self._chained(ns, metas)
-        self._check_quota(ns, ok)
+        ok, dropped = chained(self.store, ns, metas, self._writing_under)
+        check_quota(self.staging, self.limits.namespace_quota_pages, ns, ok,
+                    self._writing_under)
         if s.staging is None:
             raise InvalidArgument("this session has mapped no shared memory: it has no staging "
                                   "area to save into", hint="save over WritePages instead")
@@ -530,7 +412,7 @@ class DaemonService:
         try:
             try:
                 if ok and source is not None:
-                    self._peer_copy(s, handle.slots, source, write=False, what="complete_store")
+                    self._peer.copy(s.peer, handle.slots, source, write=False, what="complete_store")
                 elif ok and rows:
                     assert staging is not None
                     staging.copy_into(self._slab_rows, rows, handle.slots)
@@ -626,8 +508,9 @@ class DaemonService:
         check_namespace(ns)
         metas = list(metas)
         self._keys(ns, [m.key for m in metas])
-        ok, dropped = self._chained(ns, metas)
-        self._check_quota(ns, ok)
+        ok, dropped = chained(self.store, ns, metas, self._writing_under)
+        check_quota(self.staging, self.limits.namespace_quota_pages, ns, ok,
+                    self._writing_under)
         keep = {m.key for m in ok}
         rows = [i for i, m in enumerate(metas) if m.key in keep]
         res = self.store.put(ok, pages[rows] if rows else pages[:0])
@@ -658,14 +541,6 @@ class DaemonService:
             self.close_session(sid)
         self.store.remove_listener(self._on_store_event)
         self.events.close()
-
-
-def check_namespace(ns: object) -> bytes:
-    if not isinstance(ns, bytes) or len(ns) != KEY_BYTES:
-        raise InvalidArgument(
-            f"namespace id must be {KEY_BYTES} bytes, got {len(ns) if isinstance(ns, bytes) else ns!r}",
-            hint="send Namespace.id")
-    return ns
 
 
 def _quietly(fn, *args) -> None:  # noqa: ANN001

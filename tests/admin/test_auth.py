@@ -25,7 +25,7 @@ PATH_VALUES = {"namespace_id": "00" * 16, "job_id": "1", "name": "host"}
 def every_route() -> list[tuple[str, str]]:
     """(method, path) of every route the admin app has, its path parameters filled in."""
     layout = KVLayout(1, 1, 8, 4, "float16")
-    store = TieredStore(layout, [HostTier("host", layout, 4, Metrics())])
+    store = TieredStore(layout, [HostTier.build("host", layout, 4, Metrics())])
     app = app_for(store, "unused")
     out = []
     for route in flatten(app.routes):
@@ -104,7 +104,7 @@ def test_under_a_prefix_the_open_paths_stay_open_and_the_rest_stay_shut() -> Non
     """A library user may mount the app in a bigger one: the token check sees the app's own
     paths, not the prefix."""
     layout = KVLayout(1, 1, 8, 4, "float16")
-    store = TieredStore(layout, [HostTier("host", layout, 4, Metrics())])
+    store = TieredStore(layout, [HostTier.build("host", layout, 4, Metrics())])
     outer = FastAPI()
     outer.mount("/admin", app_for(store, TOKEN))
 

@@ -80,7 +80,7 @@ def test_the_dashboard_sends_a_csp_that_its_page_lives_within(admin_daemon: Admi
 
 def test_a_server_error_carries_the_headers_too() -> None:
     layout = KVLayout(1, 1, 8, 4, "float16")
-    store = TieredStore(layout, [HostTier("host", layout, 4, Metrics())])
+    store = TieredStore(layout, [HostTier.build("host", layout, 4, Metrics())])
     try:
         app = app_for(store, TOKEN)
 

@@ -184,7 +184,7 @@ def test_a_chunked_body_under_the_cap_reaches_the_route(admin_daemon: AdminDaemo
 @pytest.fixture
 def store() -> Iterator[TieredStore]:
     layout = KVLayout(1, 1, 8, 4, "float16")
-    s = TieredStore(layout, [HostTier("host", layout, 4, Metrics())])
+    s = TieredStore(layout, [HostTier.build("host", layout, 4, Metrics())])
     yield s
     s.close()
 

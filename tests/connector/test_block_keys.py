@@ -18,7 +18,7 @@ N = 6  # full blocks before the last token
 
 @pytest.fixture
 def store(layout: KVLayout) -> Iterator[TieredStore]:
-    s = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False)])
+    s = TieredStore(layout, [HostTier.build("host", layout, 32, pin_memory=False)])
     yield s
     s.close()
 

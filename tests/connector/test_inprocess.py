@@ -114,7 +114,7 @@ def tokens_for(n_blocks: int, block_size: int, seed: int = 1) -> list[int]:
 
 @pytest.fixture
 def host_store(layout: KVLayout, clock: FakeClock) -> Iterator[TieredStore]:
-    store = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False)], clock=clock)
+    store = TieredStore(layout, [HostTier.build("host", layout, 32, pin_memory=False)], clock=clock)
     yield store
 
 
@@ -284,9 +284,9 @@ def disk_store(layout: KVLayout, clock: FakeClock, path: os.PathLike[str]) -> Ti
     """Host over disk, write-through: every saved page is on disk too."""
     from kvstore.tiers.disk import DiskTier
 
-    disk = DiskTier("disk", layout, 32, path=path, o_direct=False, durability="none",
+    disk = DiskTier.build("disk", layout, 32, path=path, o_direct=False, durability="none",
                     check_index=False)
-    return TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), disk],
+    return TieredStore(layout, [HostTier.build("host", layout, 32, pin_memory=False), disk],
                        write_policy="write_through", clock=clock)
 
 

@@ -23,9 +23,9 @@ class Setup:
     """Host over a real disk tier (write-through); N blocks saved, blocks 2.. only on disk."""
 
     def __init__(self, layout: KVLayout, ns: Namespace, clock: FakeClock, path: Any) -> None:
-        self.disk = DiskTier("disk", layout, 32, path=path, o_direct=False, durability="none",
+        self.disk = DiskTier.build("disk", layout, 32, path=path, o_direct=False, durability="none",
                              check_index=False)
-        self.store = TieredStore(layout, [HostTier("host", layout, 32, pin_memory=False), self.disk],
+        self.store = TieredStore(layout, [HostTier.build("host", layout, 32, pin_memory=False), self.disk],
                                  write_policy="write_through", promote_on_hit=False, clock=clock)
         self.ns, self.clock, self.layout = ns, clock, layout
         self.rig = Rig(self.store, ns, clock)
@@ -199,9 +199,9 @@ def _engine(model: Any, path: Any, **worker_kw: Any) -> tuple[Any, TieredStore, 
 
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, 32, m, device="cpu")
-    host = HostTier("host", layout, 16, m)
-    disk = DiskTier("disk", layout, 32, m, path=path, o_direct=False, durability="none")
+    pool = HBMTier.build("hbm", layout, 32, m, device="cpu")
+    host = HostTier.build("host", layout, 16, m)
+    disk = DiskTier.build("disk", layout, 32, m, path=path, o_direct=False, durability="none")
     store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[list-item]
     ns = Namespace("test/tiny/7", layout)
     load_or_recompute = worker_kw.pop("load_or_recompute", False)

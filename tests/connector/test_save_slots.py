@@ -60,7 +60,7 @@ def assert_stored(store: TieredStore, pool: torch.Tensor, tokens: list[int],
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_save_into_scattered_slots(device: str) -> None:
-    host = HostTier("host", LAYOUT, 24, Metrics())
+    host = HostTier.build("host", LAYOUT, 24, Metrics())
     store = TieredStore(LAYOUT, [host])
     filler = NS.chain(tokens_for(22, start=5000))
     store.put(filler.metas(), np.zeros((22, LAYOUT.page_bytes), np.uint8))
@@ -77,7 +77,7 @@ def test_save_into_scattered_slots(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_save_without_room_stores_what_fits(device: str) -> None:
-    host = HostTier("host", LAYOUT, 4, Metrics())
+    host = HostTier.build("host", LAYOUT, 4, Metrics())
     store = TieredStore(LAYOUT, [host])
     held = NS.chain(tokens_for(4, start=7000))
     store.put(held.metas(), np.zeros((4, LAYOUT.page_bytes), np.uint8))
@@ -100,7 +100,7 @@ def test_a_save_without_room_stores_what_fits(device: str) -> None:
 def test_many_short_runs_of_small_pages(device: str) -> None:
     """More runs than a save gives the copy engine one DMA each (on CUDA: the kernel path),
     every page landing in its own slot."""
-    host = HostTier("host", LAYOUT, 300, Metrics())
+    host = HostTier.build("host", LAYOUT, 300, Metrics())
     store = TieredStore(LAYOUT, [host])
     filler = NS.chain(tokens_for(300, start=9000))
     store.put(filler.metas(), np.zeros((300, LAYOUT.page_bytes), np.uint8))

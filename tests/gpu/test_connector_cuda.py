@@ -77,7 +77,7 @@ def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool, path: st
         kernel_launches.append(1)
         return real_copy_rows(*args, **kwargs)  # type: ignore[arg-type]
 
-    host = HostTier("host", LAYOUT, 16, Metrics())
+    host = HostTier.build("host", LAYOUT, 16, Metrics())
     assert host.pinned
     store = TieredStore(LAYOUT, [host])
     ns = Namespace("gpu-test", LAYOUT)
@@ -113,7 +113,7 @@ def test_loads_reuse_their_index_buffers_and_copy_the_right_rows() -> None:
     """Each load's block and slot indices live in a pinned buffer reused by the next load
     (connector/transfer.py): loads of different lengths, one after another through one worker,
     each land exactly their own pages in their own blocks."""
-    host = HostTier("host", LAYOUT, 16, Metrics())
+    host = HostTier.build("host", LAYOUT, 16, Metrics())
     store = TieredStore(LAYOUT, [host])
     ns = Namespace("gpu-test", LAYOUT)
     spec, tensors = _caches("page_first")

@@ -24,13 +24,13 @@ def _needs_cuda() -> None:
 
 
 def test_pool_defaults_to_the_gpu() -> None:
-    pool = HBMTier("hbm", LAYOUT, 4, Metrics())
+    pool = HBMTier.build("hbm", LAYOUT, 4, Metrics())
     assert pool.pool.is_cuda and pool.pool.shape == (4, *LAYOUT.page_shape)
     assert pool.pool_bytes.shape == (4, LAYOUT.page_bytes)
 
 
 def test_engine_writes_on_device_and_tier_reads_to_host() -> None:
-    pool = HBMTier("hbm", LAYOUT, 16, Metrics())
+    pool = HBMTier.build("hbm", LAYOUT, 16, Metrics())
     chain = NS.chain(list(range(16 * 6)))
     blocks = pool.allocate(3)
     assert blocks is not None
@@ -45,7 +45,7 @@ def test_engine_writes_on_device_and_tier_reads_to_host() -> None:
 
 
 def test_tier_writes_scatter_into_free_blocks() -> None:
-    pool = HBMTier("hbm", LAYOUT, 16, Metrics())
+    pool = HBMTier.build("hbm", LAYOUT, 16, Metrics())
     held = pool.allocate(5)
     assert held is not None
     pool.release(held[::2])  # free blocks are now not contiguous
@@ -61,8 +61,8 @@ def test_tier_writes_scatter_into_free_blocks() -> None:
 
 def test_store_reads_and_writes_back_cuda_pages() -> None:
     m = Metrics()
-    hbm = HBMTier("hbm", LAYOUT, 4, m)
-    host = HostTier("host", LAYOUT, 8, m)
+    hbm = HBMTier.build("hbm", LAYOUT, 4, m)
+    host = HostTier.build("host", LAYOUT, 8, m)
     with TieredStore(LAYOUT, [hbm, host], write_policy="write_back") as store:
         chain = NS.chain(list(range(16 * 4)))
         pages = torch.randn(4, *LAYOUT.page_shape, dtype=torch.bfloat16)

@@ -20,7 +20,7 @@ def _needs_cuda() -> None:
 
 def test_slab_is_pinned_by_default_and_round_trips_through_the_gpu() -> None:
     layout = KVLayout(4, 8, 128, 16, "bfloat16")
-    tier = HostTier("host", layout, 8, Metrics())  # pin_memory='auto' -> pinned with CUDA
+    tier = HostTier.build("host", layout, 8, Metrics())  # pin_memory='auto' -> pinned with CUDA
     assert tier.pinned and tier.slab_tensor.is_pinned()
     ns = Namespace("gpu", layout)
     chain = ns.chain(list(range(16 * 4)))
@@ -38,4 +38,4 @@ def test_slab_is_pinned_by_default_and_round_trips_through_the_gpu() -> None:
 
 def test_unpinned_when_asked() -> None:
     layout = KVLayout(1, 1, 8, 16, "float16")
-    assert not HostTier("h", layout, 2, Metrics(), pin_memory=False).slab_tensor.is_pinned()
+    assert not HostTier.build("h", layout, 2, Metrics(), pin_memory=False).slab_tensor.is_pinned()

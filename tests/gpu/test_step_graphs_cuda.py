@@ -160,7 +160,7 @@ def _redis_tokens(model: LlamaForPagedLM, server) -> list[list[int]]:  # type: i
     from kvstore.tiers.redis import RedisTier
 
     server.client().flushall()
-    redis = RedisTier("redis", model.config.kv_layout(BS), 64, Metrics(), url=server.url)
+    redis = RedisTier.build("redis", model.config.kv_layout(BS), 64, Metrics(), url=server.url)
     engine, store, host = _engine_over(model, redis)
     p = prompt(random.Random(9), 53)
     out = tokens(engine.generate([p], GREEDY))  # computed

@@ -34,8 +34,8 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 128, *, lower: int = 0
                 **kw: object) -> Engine:
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, num_blocks, m, device="cpu")
-    tiers = [pool, HostTier("host", layout, lower, m)] if lower else [pool]
+    pool = HBMTier.build("hbm", layout, num_blocks, m, device="cpu")
+    tiers = [pool, HostTier.build("host", layout, lower, m)] if lower else [pool]
     store = TieredStore(layout, tiers, write_policy="write_back")  # owns the pool's eviction
     engine = Engine(model, pool, Namespace("test/tiny/7", layout), **kw)  # type: ignore[arg-type]
     engine.store = store

@@ -38,8 +38,8 @@ def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, host_pages: int = 
                 cpu_inline: bool = False, **kw: object) -> Engine:
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, num_blocks, m, device=device_of(model))
-    host = HostTier("host", layout, host_pages, m)  # pinned where CUDA is present
+    pool = HBMTier.build("hbm", layout, num_blocks, m, device=device_of(model))
+    host = HostTier.build("host", layout, host_pages, m)  # pinned where CUDA is present
     store = TieredStore(layout, [pool, host], write_policy=write_policy)  # type: ignore[arg-type]
     ns = Namespace("test/tiny/7", layout)
     conn = (InProcessScheduler(store, ns, num_blocks=num_blocks),
@@ -56,9 +56,9 @@ def make_disk_engine(model: LlamaForPagedLM, tmp_path) -> Engine:  # type: ignor
 
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, 32, m, device=device_of(model))
-    host = HostTier("host", layout, 16, m)
-    disk = DiskTier("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, durability="none")
+    pool = HBMTier.build("hbm", layout, 32, m, device=device_of(model))
+    host = HostTier.build("host", layout, 16, m)
+    disk = DiskTier.build("disk", layout, 32, m, path=tmp_path / "disk", o_direct=False, durability="none")
     store = TieredStore(layout, [pool, host, disk], write_policy="write_back")  # type: ignore[arg-type]
     ns = Namespace("test/tiny/7", layout)
     engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
@@ -276,7 +276,7 @@ def test_delayed_free_waits_for_saves(model: LlamaForPagedLM) -> None:
 
 def test_from_config_builds_the_connector() -> None:
     layout = get_model_config("tiny").kv_layout(BS)
-    host = HostTier("host", layout, 32, Metrics())
+    host = HostTier.build("host", layout, 32, Metrics())
     engine = Engine.from_config("tiny", seed=7, num_blocks=16, lower_tiers=[host])
     assert engine.connector is not None
     bare = Engine.from_config("tiny", seed=7, num_blocks=16)
@@ -350,8 +350,8 @@ def test_loads_queued_on_the_engine_thread(model: LlamaForPagedLM,
 def _engine_over(model: LlamaForPagedLM, lower: Tier) -> tuple[Engine, TieredStore, HostTier]:
     """hbm (32 blocks) over host (16 pages) over ``lower``, write-back, with the connector."""
     layout = model.config.kv_layout(BS)
-    pool = HBMTier("hbm", layout, 32, lower.metrics, device=device_of(model))
-    host = HostTier("host", layout, 16, lower.metrics)
+    pool = HBMTier.build("hbm", layout, 32, lower.metrics, device=device_of(model))
+    host = HostTier.build("host", layout, 16, lower.metrics)
     store = TieredStore(layout, [pool, host, lower], write_policy="write_back")  # type: ignore[arg-type]
     ns = Namespace("test/tiny/7", layout)
     engine = Engine(model, pool, ns, connector=(InProcessScheduler(store, ns, num_blocks=32),
@@ -371,7 +371,7 @@ def test_prefix_from_redis_loads_through_host(model: LlamaForPagedLM, redis_serv
     from kvstore.tiers.redis import RedisTier
 
     layout = model.config.kv_layout(BS)
-    redis = RedisTier("redis", layout, 64, Metrics(), url=redis_server.url)
+    redis = RedisTier.build("redis", layout, 64, Metrics(), url=redis_server.url)
     engine, store, host = _engine_over(model, redis)
     rng = random.Random(11)
     p = prompt(rng, 53)
@@ -394,7 +394,7 @@ def test_disk_page_corrupted_after_lookup_is_recomputed(model: LlamaForPagedLM, 
     from kvstore.tiers.disk import DiskTier
 
     layout = model.config.kv_layout(BS)
-    disk = DiskTier("disk", layout, 32, Metrics(), path=tmp_path / "disk", o_direct=False,
+    disk = DiskTier.build("disk", layout, 32, Metrics(), path=tmp_path / "disk", o_direct=False,
                     durability="none", check_index=False)
     engine, store, host = _engine_over(model, disk)
     p = prompt(random.Random(12), 53)
@@ -437,7 +437,7 @@ def test_a_stalled_redis_never_holds_up_scheduling(model: LlamaForPagedLM, redis
     from kvstore.tiers.redis import RedisTier
 
     layout = model.config.kv_layout(BS)
-    redis = RedisTier("redis", layout, 64, Metrics(), url=redis_server.url, timeout_s=0.5,
+    redis = RedisTier.build("redis", layout, 64, Metrics(), url=redis_server.url, timeout_s=0.5,
                       connect_timeout_s=0.5)
     engine, store, host = _engine_over(model, redis)
     rng = random.Random(12)

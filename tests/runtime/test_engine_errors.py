@@ -29,7 +29,7 @@ def model() -> LlamaForPagedLM:
 
 def make_engine(model: LlamaForPagedLM, num_blocks: int = 64, **kw: object) -> Engine:
     layout = model.config.kv_layout(BS)
-    pool = HBMTier("hbm", layout, num_blocks, Metrics(), device="cpu")
+    pool = HBMTier.build("hbm", layout, num_blocks, Metrics(), device="cpu")
     return Engine(model, pool, Namespace("test/errors", layout), **kw)  # type: ignore[arg-type]
 
 
@@ -141,12 +141,12 @@ def test_bad_engine_settings(model: LlamaForPagedLM) -> None:
     with pytest.raises(InvalidArgument, match="max_num_seqs"):
         SchedulerConfig(max_num_seqs=0)
     layout = model.config.kv_layout(BS)
-    pool = HBMTier("hbm", layout, 4, Metrics(), device="cpu")
+    pool = HBMTier.build("hbm", layout, 4, Metrics(), device="cpu")
     with pytest.raises(InvalidArgument, match="layout"):
         Engine(model, pool, Namespace("x", model.config.kv_layout(8)))
     other = get_model_config("small").kv_layout(BS)
     with pytest.raises(InvalidArgument, match="does not fit the model"):
-        Engine(model, HBMTier("hbm", other, 4, Metrics(), device="cpu"), Namespace("x", other))
+        Engine(model, HBMTier.build("hbm", other, 4, Metrics(), device="cpu"), Namespace("x", other))
 
 
 def test_byte_tokenizer_round_trip() -> None:

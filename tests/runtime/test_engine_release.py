@@ -29,7 +29,7 @@ def model() -> LlamaForPagedLM:
 
 def make_engine(model: LlamaForPagedLM, num_blocks: int = 32) -> Engine:
     layout = model.config.kv_layout(BS)
-    pool = HBMTier("hbm", layout, num_blocks, Metrics(), device="cpu")
+    pool = HBMTier.build("hbm", layout, num_blocks, Metrics(), device="cpu")
     return Engine(model, pool, Namespace("test/release", layout))
 
 

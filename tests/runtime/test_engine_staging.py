@@ -32,7 +32,7 @@ def model() -> LlamaForPagedLM:
 def engine_over(model: LlamaForPagedLM, lower: list[HostTier], policies: list[str],
                 **store_kw: object) -> tuple[Engine, TieredStore]:
     layout = model.config.kv_layout(BS)
-    pool = HBMTier("hbm", layout, 12, lower[0].metrics, device="cpu")
+    pool = HBMTier.build("hbm", layout, 12, lower[0].metrics, device="cpu")
     store = TieredStore(layout, [pool, *lower], ["lineage", *policies], **store_kw)  # type: ignore[arg-type]
     ns = Namespace("test/staging", layout)
     conn = (InProcessScheduler(store, ns, num_blocks=12), InProcessWorker(store))
@@ -60,7 +60,7 @@ def prompt(rng: random.Random, blocks: int) -> list[int]:
 def test_hot_prefix_survives_cold_stream_under_lru(model: LlamaForPagedLM) -> None:
     rng = random.Random(1)
     layout = model.config.kv_layout(BS)
-    host = HostTier("host", layout, 20, Metrics())
+    host = HostTier.build("host", layout, 20, Metrics())
     engine, store = engine_over(model, [host], ["lru"])
     hot = prompt(rng, 4)
     hot_keys = engine.namespace.chain(hot).keys[:4]
@@ -87,7 +87,7 @@ def test_selective_copies_down_after_n_connector_hits(model: LlamaForPagedLM) ->
     rng = random.Random(2)
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    host, below = HostTier("host", layout, 16, m), HostTier("below", layout, 16, m)
+    host, below = HostTier.build("host", layout, 16, m), HostTier.build("below", layout, 16, m)
     engine, store = engine_over(model, [host, below], ["lru", "lru"],
                                 write_policy="selective", selective_hits=3)
     p = prompt(rng, 3)

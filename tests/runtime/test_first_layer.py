@@ -109,8 +109,8 @@ def _engine(model: LlamaForPagedLM, *, first_layer: bool) -> tuple[Engine, HostT
     are recorded (``layers``)."""
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    pool = HBMTier("hbm", layout, 64, m, device=_device(model))
-    host = HostTier("host", layout, 64, m)
+    pool = HBMTier.build("hbm", layout, 64, m, device=_device(model))
+    host = HostTier.build("host", layout, 64, m)
     store = TieredStore(layout, [pool, host], write_policy="write_back")  # type: ignore[list-item]
     ns = Namespace("test/tiny/11", layout)
     worker = InProcessWorker(store)
@@ -179,8 +179,8 @@ def test_worker_leaves_layer_zero_of_a_skipping_load(model: LlamaForPagedLM) -> 
     leaves layer 0 as it was (the engine's write is not raced)."""
     layout = model.config.kv_layout(BS)
     m = Metrics()
-    host = HostTier("host", layout, 8, m)
-    pool = HBMTier("hbm", layout, 8, m, device="cpu")
+    host = HostTier.build("host", layout, 8, m)
+    pool = HBMTier.build("hbm", layout, 8, m, device="cpu")
     store = TieredStore(layout, [pool, host], write_policy="write_back")  # type: ignore[list-item]
     ns = Namespace("test/tiny/11", layout)
     metas = ns.chain(_tokens(2 * BS, seed=9)).metas()
@@ -206,6 +206,6 @@ def test_worker_leaves_layer_zero_of_a_skipping_load(model: LlamaForPagedLM) -> 
 
 def test_engine_refuses_a_non_bool_switch(model: LlamaForPagedLM) -> None:
     layout = model.config.kv_layout(BS)
-    pool = HBMTier("hbm", layout, 8, Metrics(), device=_device(model))
+    pool = HBMTier.build("hbm", layout, 8, Metrics(), device=_device(model))
     with pytest.raises(InvalidArgument, match="first_layer_from_tokens"):
         Engine(model, pool, Namespace("t", layout), first_layer_from_tokens="no")  # type: ignore[arg-type]

@@ -175,7 +175,7 @@ def test_a_connection_that_never_says_hello_is_closed(tmp_path: Path) -> None:
     from connector.daemon.shm import SharedSlab
 
     slab = SharedSlab.create("test-slab", 8 * LAYOUT.page_bytes)
-    store = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 8, slab=slab.array)])
+    store = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 8, slab=slab.array)])
     service = DaemonService(store, slab)
     lane = LaneServer(tmp_path / "x.lane", Servicer(service, threading.Event()),
                       max_frame=1 << 20, max_connections=4, hello_timeout_s=0.2)

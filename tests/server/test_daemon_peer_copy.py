@@ -278,7 +278,7 @@ def test_the_daemon_counts_peer_copied_pages_by_direction_and_result() -> None:
     from server.daemon.service import DaemonService
 
     slab = SharedSlab.create("test-peer-slab", 8 * LAYOUT.page_bytes)
-    store = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 8, slab=slab.array)])
+    store = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 8, slab=slab.array)])
     service = DaemonService(store, slab, peer_copy=True)
     try:
         s, _ = service.open_session()

@@ -28,7 +28,7 @@ PAGES = (1 << 20) // LAYOUT.page_bytes  # the daemon's 1 MiB host tier
 @pytest.fixture(params=["in-process", "daemon"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if request.param == "in-process":
-        s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, PAGES, pin_memory=False)])
+        s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, PAGES, pin_memory=False)])
         yield s
         s.close()
         return
@@ -201,7 +201,7 @@ def copying_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[An
     (it reads and writes this process's memory); and over a daemon with ``peer_copy = false``,
     where the client copies through its staging rows."""
     if request.param == "in-process":
-        s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, PAGES, pin_memory=False)])
+        s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, PAGES, pin_memory=False)])
         yield s
         s.close()
         return
@@ -264,7 +264,7 @@ def test_pages_for_another_stores_handle_are_refused(copying_store: Any) -> None
     from kvstore.errors import InvalidArgument
 
     store, ns = copying_store, _ns("foreign")
-    other = TieredStore(LAYOUT, [HostTier("host", LAYOUT, PAGES, pin_memory=False)])
+    other = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, PAGES, pin_memory=False)])
     try:
         metas = ns.chain(TOKENS).metas()
         h = other.prepare_store(metas)

@@ -62,7 +62,7 @@ def test_the_daemon_client_checks_and_counts_as_the_store_does(tmp_path: Path) -
 
 
 def test_real_instances_are_the_face(tmp_path: Path) -> None:
-    store = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 16, pin_memory=False)])
+    store = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 16, pin_memory=False)])
     try:
         assert isinstance(store, StoreAPI)
         assert isinstance(store.staging_tier(), StagingSlab)

@@ -17,27 +17,27 @@ Factory = Callable[[KVLayout, int, pytest.FixtureRequest, Metrics], Tier]
 
 
 def _host(layout: KVLayout, capacity: int, _req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
-    return HostTier("host", layout, capacity, metrics, pin_memory=False)
+    return HostTier.build("host", layout, capacity, metrics, pin_memory=False)
 
 
 def _hbm(layout: KVLayout, capacity: int, _req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
     from kvstore.tiers.hbm import HBMTier
 
-    return HBMTier("hbm", layout, capacity, metrics, device="cpu")
+    return HBMTier.build("hbm", layout, capacity, metrics, device="cpu")
 
 
 def _redis(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
     from kvstore.tiers.redis import RedisTier
 
     server = req.getfixturevalue("redis_server")
-    return RedisTier("redis", layout, capacity, metrics, url=server.url, timeout_s=2.0)
+    return RedisTier.build("redis", layout, capacity, metrics, url=server.url, timeout_s=2.0)
 
 
 def _disk(layout: KVLayout, capacity: int, req: pytest.FixtureRequest, metrics: Metrics) -> Tier:
     from kvstore.tiers.disk import DiskTier
 
     tmp = req.getfixturevalue("tmp_path")
-    return DiskTier("disk", layout, capacity, metrics, path=tmp / "disk")
+    return DiskTier.build("disk", layout, capacity, metrics, path=tmp / "disk")
 
 
 def _disk_workers(
@@ -48,7 +48,7 @@ def _disk_workers(
     from kvstore.tiers.disk import DiskTier
 
     tmp = req.getfixturevalue("tmp_path")
-    return DiskTier("disk", layout, capacity, metrics, path=tmp / "disk", hash_in_workers=True)
+    return DiskTier.build("disk", layout, capacity, metrics, path=tmp / "disk", hash_in_workers=True)
 
 
 TIER_FACTORIES: dict[str, Factory] = {

@@ -81,7 +81,7 @@ def crash_worker(directory: Path, seed: int) -> None:
     metas = block_metas(layout, range(CRASH_POOL))
     ns = namespace(layout)
     rng = random.Random(seed)
-    tier = DiskTier(
+    tier = DiskTier.build(
         "crash", layout, CRASH_CAPACITY, path=directory, io_threads=2,
         check_index=False, durability=rng.choice(("group", "group", "batch", "none")),
     )
@@ -133,14 +133,14 @@ def _say(line: str) -> None:
 
 
 def hold(directory: Path) -> None:
-    DiskTier("hold", CRASH_LAYOUT, 4, path=directory, check_index=False)
+    DiskTier.build("hold", CRASH_LAYOUT, 4, path=directory, check_index=False)
     print("ready", flush=True)
     time.sleep(120)
 
 
 def ack_then_wait(directory: Path, n: int) -> None:
     layout = CRASH_LAYOUT
-    tier = DiskTier("ack", layout, CRASH_CAPACITY, path=directory, check_index=False,
+    tier = DiskTier.build("ack", layout, CRASH_CAPACITY, path=directory, check_index=False,
                     durability="group", sync_interval_ms=60_000)
     metas = block_metas(layout, range(n))
     acked: list[str] = []
@@ -187,7 +187,7 @@ def full_fs_scenario(directory: Path, leave_free: int | None = None) -> dict[str
         return ok
 
     try:
-        with DiskTier(
+        with DiskTier.build(
             "full", layout, FULL_CAPACITY, metrics, path=directory, preallocate=False
         ) as tier:
             if leave_free is not None:

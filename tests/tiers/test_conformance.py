@@ -10,7 +10,6 @@ import pytest
 from kvstore import InvalidArgument, KVLayout, Namespace
 from kvstore.errors import StoreClosed
 from kvstore.record import stored_meta
-from kvstore.tiers import RECORD_TIERS
 from tests.conftest import random_pages
 
 
@@ -27,7 +26,7 @@ def test_round_trip(make_tier, layout: KVLayout, ns: Namespace) -> None:
     assert tier.used_pages == 5 and tier.free_pages == 3
     assert {m.key for m in map(tier.meta, chain.keys)} == set(chain.keys)
     # as kept: a tier that writes records stores no token ids unless configured to
-    assert tier.meta(chain.keys[2]) == stored_meta(chain.meta(2), tier.kind not in RECORD_TIERS)
+    assert tier.meta(chain.keys[2]) == stored_meta(chain.meta(2), not tier.writes_records)
     # a shared tier adopts nothing on its own: other nodes' pages are not this node's to evict
     assert set(tier.keys()) == (set() if tier.shared else set(chain.keys))
     s = tier.stats()

@@ -62,7 +62,7 @@ def open_tier(disk_dir: Path) -> Iterator:
     def make(layout: KVLayout = L16, capacity: int = 32, **kw) -> DiskTier:
         kw.setdefault("path", disk_dir)
         kw.setdefault("check_index", False)
-        tier = DiskTier("disk", layout, capacity, kw.pop("metrics", None), **kw)
+        tier = DiskTier.build("disk", layout, capacity, kw.pop("metrics", None), **kw)
         opened.append(tier)
         return tier
 
@@ -140,13 +140,13 @@ def test_overwrite_delete_and_reuse(open_tier) -> None:
 def test_warm_restart(disk_dir: Path) -> None:
     metas = block_metas(L16, range(12))
     pb = L16.page_bytes
-    with DiskTier("disk", L16, 16, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 16, path=disk_dir) as tier:
         assert all(tier.write(metas, pages_for(metas, pb)))
         tier.delete([metas[11].key])
         read_back(tier, [metas[2].key])  # most recently used
         time.sleep(0.01)
         read_back(tier, [metas[0].key])
-    with DiskTier("disk", L16, 16, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 16, path=disk_dir) as tier:
         assert tier.used_pages == 11
         order = list(tier.keys())
         assert order[-2:] == [metas[2].key, metas[0].key]  # least recently used first
@@ -166,10 +166,10 @@ def test_warm_restart_through_the_store(disk_dir: Path) -> None:
     ns = namespace(L16)
     chain = ns.chain(list(range(L16.block_size * 6)))
     pages = np.stack([expected_page(k, L16.page_bytes) for k in chain.keys])
-    with DiskTier("disk", L16, 8, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 8, path=disk_dir) as tier:
         store = TieredStore(L16, [tier], ["lru"])
         assert store.put(chain.metas(), pages).stored == 6
-    with DiskTier("disk", L16, 8, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 8, path=disk_dir) as tier:
         store = TieredStore(L16, [tier], ["lru"])
         assert store.lookup(chain.keys).num_blocks == 6
         out = np.zeros_like(pages)
@@ -179,13 +179,13 @@ def test_warm_restart_through_the_store(disk_dir: Path) -> None:
 
 def test_reopen_smaller_drops_pages_past_the_end(disk_dir: Path) -> None:
     metas = block_metas(L16, range(10))
-    with DiskTier("disk", L16, 10, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 10, path=disk_dir) as tier:
         assert all(tier.write(metas, pages_for(metas, L16.page_bytes)))
-    with DiskTier("disk", L16, 6, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 6, path=disk_dir) as tier:
         assert tier.used_pages == 6
         found, wrong = read_back(tier, [m.key for m in metas])
         assert sum(found) == 6 and wrong == 0
-    with DiskTier("disk", L16, 10, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 10, path=disk_dir) as tier:
         assert tier.used_pages == 6 and tier.free_pages == 4
 
 
@@ -259,7 +259,7 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
             for entry in complete.decode().split():
                 acked[entry[1:]] = entry[0] == "+"
             check = cycle % 5 == 0  # the defensive index check, every fifth reopen
-            with DiskTier(
+            with DiskTier.build(
                 "crash", CRASH_LAYOUT, CRASH_CAPACITY, path=directory, check_index=check
             ) as tier:
                 keys = list(tier.keys())
@@ -385,7 +385,7 @@ def test_wrong_namespace_is_a_miss_not_a_drop(open_tier) -> None:
 def test_damaged_index_never_stops_the_tier(disk_dir: Path, damage: str, caplog) -> None:
     metas = block_metas(L16, range(20))
     pb = L16.page_bytes
-    with DiskTier("disk", L16, 32, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 32, path=disk_dir) as tier:
         assert all(tier.write(metas, pages_for(metas, pb)))
     data = disk_dir / "index" / "data.mdb"
     size = data.stat().st_size
@@ -402,7 +402,7 @@ def test_damaged_index_never_stops_the_tier(disk_dir: Path, damage: str, caplog)
                 f.seek(rng.randrange(8192, size - 8))
                 f.write(rng.randbytes(8))
     caplog.set_level(logging.WARNING, logger="kvstore.tiers.disk")
-    with DiskTier("disk", L16, 32, path=disk_dir) as tier:
+    with DiskTier.build("disk", L16, 32, path=disk_dir) as tier:
         if damage != "scribble":
             assert tier.used_pages == 0
             said = [r.getMessage() for r in caplog.records]
@@ -544,7 +544,7 @@ def test_concurrent_readers_writers_and_deleters(open_tier, disk_dir: Path) -> N
     assert s.corrupt == 0 and s.errors == 0 and tier.used_pages <= 20
     keys = list(tier.keys())
     tier.close()
-    with DiskTier("disk", L16, 20, path=disk_dir) as again:
+    with DiskTier.build("disk", L16, 20, path=disk_dir) as again:
         assert sorted(again.keys()) == sorted(keys)
         found, wrong = read_back(again, keys)
         assert all(found) and wrong == 0
@@ -556,7 +556,7 @@ def test_concurrent_readers_writers_and_deleters(open_tier, disk_dir: Path) -> N
 def test_directory_opened_twice_in_one_process(open_tier, disk_dir: Path) -> None:
     open_tier(L16, 4)
     with pytest.raises(ConfigError, match="already open.*this process"):
-        DiskTier("again", L16, 4, path=disk_dir)
+        DiskTier.build("again", L16, 4, path=disk_dir)
 
 
 def test_directory_opened_by_another_process(disk_dir: Path) -> None:
@@ -567,11 +567,11 @@ def test_directory_opened_by_another_process(disk_dir: Path) -> None:
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         with pytest.raises(ConfigError, match=f"already open.*process {child.pid}"):
-            DiskTier("disk", CRASH_LAYOUT, 4, path=disk_dir)
+            DiskTier.build("disk", CRASH_LAYOUT, 4, path=disk_dir)
     finally:
         child.kill()
         child.wait()
-    with DiskTier("disk", CRASH_LAYOUT, 4, path=disk_dir) as tier:  # free once it is gone
+    with DiskTier.build("disk", CRASH_LAYOUT, 4, path=disk_dir) as tier:  # free once it is gone
         assert tier.used_pages == 0
 
 
@@ -599,21 +599,21 @@ def test_o_direct_fallback_is_logged(open_tier, monkeypatch, caplog) -> None:
 
 
 def test_another_layout_in_the_directory_is_refused(disk_dir: Path) -> None:
-    with DiskTier("disk", L16, 4, path=disk_dir):
+    with DiskTier.build("disk", L16, 4, path=disk_dir):
         pass
     with pytest.raises(ConfigError, match="another geometry"):
-        DiskTier("disk", LAYOUTS["odd"], 4, path=disk_dir)
+        DiskTier.build("disk", LAYOUTS["odd"], 4, path=disk_dir)
 
 
 def test_unusable_directory_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="cannot use directory"):
-        DiskTier("disk", L16, 4, path=tmp_path / "file" / "sub")
+        DiskTier.build("disk", L16, 4, path=tmp_path / "file" / "sub")
 
 
 def test_closed_tier_refuses_work(disk_dir: Path) -> None:
     metas = block_metas(L16, range(2))
-    tier = DiskTier("disk", L16, 4, Metrics(), path=disk_dir)
+    tier = DiskTier.build("disk", L16, 4, Metrics(), path=disk_dir)
     tier.write(metas, pages_for(metas, L16.page_bytes))
     tier.close()
     tier.close()
@@ -626,10 +626,10 @@ def test_closed_tier_refuses_work(disk_dir: Path) -> None:
 def test_unused_directory_cleans_up(tmp_path: Path) -> None:
     """A failed open releases the directory lock (and nothing stays half-open)."""
     d = tmp_path / "disk"
-    with DiskTier("disk", L16, 4, path=d):
+    with DiskTier.build("disk", L16, 4, path=d):
         pass
     with pytest.raises(ConfigError):
-        DiskTier("disk", LAYOUTS["odd"], 4, path=d)
-    with DiskTier("disk", L16, 4, path=d) as tier:
+        DiskTier.build("disk", LAYOUTS["odd"], 4, path=d)
+    with DiskTier.build("disk", L16, 4, path=d) as tier:
         assert tier.used_pages == 0
     shutil.rmtree(d)

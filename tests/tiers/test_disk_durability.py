@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore import InvalidArgument
+from kvstore import ConfigError
 from kvstore.config import DiskTierConfig
 from kvstore.tiers.disk import DiskTier, aligned_empty
 from kvstore.tiers.disk_index import DiskIndex
@@ -58,7 +58,7 @@ def tier_at(tmp_path: Path) -> Iterator:
     opened: list[DiskTier] = []
 
     def make(**kw) -> DiskTier:
-        tier = DiskTier("dur", LAYOUT, CRASH_CAPACITY, path=tmp_path / "d", check_index=False, **kw)
+        tier = DiskTier.build("dur", LAYOUT, CRASH_CAPACITY, path=tmp_path / "d", check_index=False, **kw)
         opened.append(tier)
         return tier
 
@@ -127,7 +127,7 @@ def test_none_never_flushes_unless_asked(tier_at, flushes) -> None:
 
 @pytest.mark.parametrize("bad", [{"durability": "fsync"}, {"sync_interval_ms": 0}])
 def test_bad_durability_settings_are_refused(tier_at, bad) -> None:
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(ConfigError, match=f"tier 'dur':\n  {next(iter(bad))}: "):
         tier_at(**bad)
 
 
@@ -149,7 +149,7 @@ def test_sigkill_before_any_group_commit_loses_no_acknowledged_put(tmp_path: Pat
     assert words[0] == "acked" and words[-1] == "unsynced", words
     acked = [bytes.fromhex(k) for k in words[1:-1]]
     assert len(acked) == 24
-    with DiskTier("ack", LAYOUT, CRASH_CAPACITY, path=directory) as tier:
+    with DiskTier.build("ack", LAYOUT, CRASH_CAPACITY, path=directory) as tier:
         outs = [aligned_empty(LAYOUT.page_bytes) for _ in acked]
         assert tier.read(namespace(LAYOUT).id, acked, outs) == [True] * len(acked)
         for k, o in zip(acked, outs):

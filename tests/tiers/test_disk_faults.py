@@ -109,14 +109,14 @@ def test_mistyped_capacity_is_refused_before_anything_is_reserved(tmp_path: Path
     with small_filesystem(tmp_path, kind, 32) as mnt:
         before = free_bytes(mnt)
         with pytest.raises(ConfigError, match="capacity_pages=1073741824") as info:
-            DiskTier("disk", L16, 2**30, path=mnt / "disk")
+            DiskTier.build("disk", L16, 2**30, path=mnt / "disk")
         assert "lower the disk tier's capacity" in info.value.hint
         # Nothing was reserved, visibly or not (a directory and a lock file take a few blocks).
         assert free_bytes(mnt) >= before - (64 << 10)
-        with DiskTier("disk", L16, 16, path=mnt / "disk") as tier:
+        with DiskTier.build("disk", L16, 16, path=mnt / "disk") as tier:
             keys = write_pages(tier, range(8))
             assert read_ok(tier, keys) == [True] * 8
-        with DiskTier("disk", L16, 16, path=mnt / "disk") as tier:
+        with DiskTier.build("disk", L16, 16, path=mnt / "disk") as tier:
             assert tier.used_pages == 8
         assert free_bytes(mnt) > before // 2
 
@@ -127,11 +127,11 @@ def test_capacity_just_over_free_space_is_refused_and_the_hint_fits(tmp_path: Pa
         slot = 16384 + 4096  # one page of L16 and its header region
         over = before // slot + 1
         with pytest.raises(ConfigError, match=f"capacity_pages={over}") as info:
-            DiskTier("disk", L16, over, path=mnt / "disk")
+            DiskTier.build("disk", L16, over, path=mnt / "disk")
         assert free_bytes(mnt) >= before - (64 << 10)
         fits = int(re.search(r"at most (\d+)", info.value.hint).group(1))
         assert 0 < fits < over
-        with DiskTier("disk", L16, fits, path=mnt / "disk") as tier:
+        with DiskTier.build("disk", L16, fits, path=mnt / "disk") as tier:
             assert (mnt / "disk" / "slots.dat").stat().st_blocks * 512 >= fits * tier.slot_bytes
             keys = write_pages(tier, range(fits - 4, fits))
             assert read_ok(tier, keys) == [True] * 4
@@ -177,12 +177,12 @@ def test_failed_reservation_beyond_eof_gives_back_what_it_got(tmp_path: Path) ->
 def test_absurd_capacity_is_refused_and_the_index_survives(tmp_path: Path) -> None:
     with small_filesystem(tmp_path, "tmpfs", 16) as mnt:
         d = mnt / "disk"
-        with DiskTier("disk", L16, 32, path=d) as tier:
+        with DiskTier.build("disk", L16, 32, path=d) as tier:
             keys = write_pages(tier, range(10))
         with pytest.raises(ConfigError, match="capacity_pages=1099511627776"):
-            DiskTier("disk", L16, 2**40, path=d)
+            DiskTier.build("disk", L16, 2**40, path=d)
         assert not list(d.glob("index.corrupt-*"))
-        with DiskTier("disk", L16, 32, path=d) as tier:
+        with DiskTier.build("disk", L16, 32, path=d) as tier:
             assert tier.used_pages == 10
             assert read_ok(tier, keys) == [True] * 10
 
@@ -223,7 +223,7 @@ def _geometry_damage_cases() -> list[str]:
 @pytest.mark.parametrize("case", _geometry_damage_cases())
 def test_changed_geometry_byte_is_damage_not_another_layout(tmp_path: Path, case, caplog) -> None:
     d = tmp_path / "disk"
-    with DiskTier("disk", L16, 32, path=d) as tier:
+    with DiskTier.build("disk", L16, 32, path=d) as tier:
         write_pages(tier, range(10))
     stored = _stored_geometry(d)
     if case == "digit":  # still well-formed JSON: a page size that is not ours
@@ -234,12 +234,12 @@ def test_changed_geometry_byte_is_damage_not_another_layout(tmp_path: Path, case
         new = stored[pos] ^ 0x10
     _flip_everywhere(_index_file(d), stored, pos, new)
     caplog.set_level(logging.WARNING, logger="kvstore.tiers.disk")
-    with DiskTier("disk", L16, 32, path=d) as tier:
+    with DiskTier.build("disk", L16, 32, path=d) as tier:
         assert tier.used_pages == 0
         assert list(d.glob("index.corrupt-*"))
         assert any("damaged" in r.getMessage() for r in caplog.records)
         keys = write_pages(tier, range(20, 24))
-    with DiskTier("disk", L16, 32, path=d) as tier:
+    with DiskTier.build("disk", L16, 32, path=d) as tier:
         assert sorted(tier.keys()) == sorted(keys)
 
 
@@ -270,7 +270,7 @@ def _mark_free_list_as_subdatabase(path: Path) -> None:
 
 
 def _tier_with_a_free_list(d: Path) -> list[bytes]:
-    with DiskTier("disk", L16, 32, path=d) as tier:
+    with DiskTier.build("disk", L16, 32, path=d) as tier:
         keys = write_pages(tier, range(12))
         tier.delete(keys[:4])
         write_pages(tier, range(4, 8))  # replaced: more freed pages
@@ -282,11 +282,11 @@ def test_start_up_probe_commits_to_every_database(tmp_path: Path, caplog) -> Non
     _tier_with_a_free_list(d)
     _mark_free_list_as_subdatabase(_index_file(d))
     caplog.set_level(logging.WARNING, logger="kvstore.tiers.disk")
-    with DiskTier("disk", L16, 32, path=d) as tier:  # check_index defaults to True
+    with DiskTier.build("disk", L16, 32, path=d) as tier:  # check_index defaults to True
         assert tier.used_pages == 0
         assert list(d.glob("index.corrupt-*"))
         keys = write_pages(tier, range(40, 44))
-    with DiskTier("disk", L16, 32, path=d) as tier:
+    with DiskTier.build("disk", L16, 32, path=d) as tier:
         assert sorted(tier.keys()) == sorted(keys)
 
 
@@ -295,7 +295,7 @@ def test_commit_error_that_is_not_a_full_disk_replaces_the_index(tmp_path: Path,
     old = _tier_with_a_free_list(d)
     _mark_free_list_as_subdatabase(_index_file(d))
     caplog.set_level(logging.WARNING, logger="kvstore.tiers.disk")
-    with DiskTier("disk", L16, 32, path=d, check_index=False) as tier:
+    with DiskTier.build("disk", L16, 32, path=d, check_index=False) as tier:
         assert tier.used_pages == 8  # reads cannot see this damage
         new = write_pages(tier, range(50, 54))  # its commit can
         said = [r.getMessage() for r in caplog.records]
@@ -307,7 +307,7 @@ def test_commit_error_that_is_not_a_full_disk_replaces_the_index(tmp_path: Path,
         assert read_ok(tier, new) == [True] * 4
         assert tier.delete(new[:2]) == 2
         more = write_pages(tier, range(60, 70))
-    with DiskTier("disk", L16, 32, path=d, check_index=False) as tier:
+    with DiskTier.build("disk", L16, 32, path=d, check_index=False) as tier:
         assert sorted(tier.keys()) == sorted(new[2:] + more)  # deletes were saved
         assert read_ok(tier, new[2:] + more) == [True] * 12
 
@@ -319,10 +319,10 @@ def test_opening_on_a_full_filesystem_is_a_clear_error_and_leaks_nothing(tmp_pat
     with small_filesystem(tmp_path, "tmpfs", 8) as mnt:
         filler = fill(mnt)
         with pytest.raises(KVStoreError, match="full") as info:
-            DiskTier("disk", L16, 16, path=mnt / "disk")
+            DiskTier.build("disk", L16, 16, path=mnt / "disk")
         assert "free" in info.value.hint
         filler.unlink()
-        with DiskTier("disk", L16, 16, path=mnt / "disk") as tier:  # the same process
+        with DiskTier.build("disk", L16, 16, path=mnt / "disk") as tier:  # the same process
             keys = write_pages(tier, range(4))
             assert read_ok(tier, keys) == [True] * 4
 
@@ -333,14 +333,14 @@ def test_a_tier_reopens_warm_on_its_full_filesystem(tmp_path: Path, kind) -> Non
     later does not stop it, nor its deletes, nor writes into the slots they free."""
     with small_filesystem(tmp_path, kind, 16) as mnt:
         d = mnt / "disk"
-        with DiskTier("disk", L16, 64, path=d) as tier:
+        with DiskTier.build("disk", L16, 64, path=d) as tier:
             keys = write_pages(tier, range(40))
         fill(mnt)
-        with DiskTier("disk", L16, 64, path=d) as tier:
+        with DiskTier.build("disk", L16, 64, path=d) as tier:
             assert tier.used_pages == 40
             assert read_ok(tier, keys) == [True] * 40
             assert tier.delete(keys[:10]) == 10
             more = write_pages(tier, range(100, 130))
-        with DiskTier("disk", L16, 64, path=d) as tier:
+        with DiskTier.build("disk", L16, 64, path=d) as tier:
             assert sorted(tier.keys()) == sorted(keys[10:] + more)
         shutil.rmtree(d)

@@ -34,7 +34,7 @@ def umask(request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 def _tier(path: Path, check_index: bool = True) -> DiskTier:
-    return DiskTier("disk", LAYOUT, 8, path=path, durability="batch", check_index=check_index,
+    return DiskTier.build("disk", LAYOUT, 8, path=path, durability="batch", check_index=check_index,
                     mac=RecordMac(SECRET))
 
 

@@ -38,7 +38,7 @@ def block_bytes(pool: HBMTier, b: int) -> np.ndarray:
 
 @pytest.fixture
 def pool(layout: KVLayout) -> HBMTier:
-    return HBMTier("hbm", layout, 8, Metrics(), device="cpu")
+    return HBMTier.build("hbm", layout, 8, Metrics(), device="cpu")
 
 
 def test_registry_and_pool_shape(layout: KVLayout, pool: HBMTier) -> None:
@@ -160,7 +160,7 @@ def _committed_pool(
     layout: KVLayout, ns: Namespace, policy: str
 ) -> tuple[HBMTier, LocalOwner, list[BlockChain]]:
     """A 6-block pool full of two released 3-block chains committed by two requests."""
-    pool = HBMTier("hbm", layout, 6, Metrics(), device="cpu")
+    pool = HBMTier.build("hbm", layout, 6, Metrics(), device="cpu")
     owner = LocalOwner(pool, policy)
     pool.attach(owner)
     chains = [ns.chain([p] + list(range(1, 12))) for p in (1, 2)]
@@ -239,8 +239,8 @@ def test_without_owner_allocate_uses_free_blocks_only(pool: HBMTier, ns: Namespa
 def test_runtime_blocks_serve_a_store(layout: KVLayout, ns: Namespace) -> None:
     """What the runtime commits, the (unchanged) store looks up, reads and writes back below."""
     m = Metrics()
-    hbm = HBMTier("hbm", layout, 4, m, device="cpu")
-    host = HostTier("host", layout, 8, m, pin_memory=False)
+    hbm = HBMTier.build("hbm", layout, 4, m, device="cpu")
+    host = HostTier.build("host", layout, 8, m, pin_memory=False)
     with TieredStore(layout, [hbm, host], write_policy="write_back") as store:
         chain = ns.chain(list(range(4 * 3)))
         blocks = hbm.allocate(3)
@@ -277,7 +277,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = HBMTier("hbm", _NS.layout, CAPACITY, Metrics(), device="cpu")
+        self.pool = HBMTier.build("hbm", _NS.layout, CAPACITY, Metrics(), device="cpu")
         self.owner = LocalOwner(self.pool, "lru")
         self.pool.attach(self.owner)
         self.committed: dict[bytes, np.ndarray] = {}  # key -> bytes committed under it
@@ -389,8 +389,8 @@ TestPoolMachine = PoolMachine.TestCase
 
 def _store_pair(layout: KVLayout, write_policy: str) -> tuple[TieredStore, HBMTier, HostTier]:
     m = Metrics()
-    hbm = HBMTier("hbm", layout, 4, m, device="cpu")
-    host = HostTier("host", layout, 8, m, pin_memory=False)
+    hbm = HBMTier.build("hbm", layout, 4, m, device="cpu")
+    host = HostTier.build("host", layout, 8, m, pin_memory=False)
     store = TieredStore(layout, [hbm, host], ["lru", "lru"], write_policy=write_policy)
     assert hbm.owner is not None  # the store attached itself as the pool's owner
     return store, hbm, host

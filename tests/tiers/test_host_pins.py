@@ -18,7 +18,7 @@ def _put(host: HostTier, ns: Namespace, tokens: list[int], fill: int) -> list[by
 
 
 def test_leading_run_stops_at_a_miss_and_at_another_namespace(layout: KVLayout) -> None:
-    host = HostTier("host", layout, 16, pin_memory=False)
+    host = HostTier.build("host", layout, 16, pin_memory=False)
     a, b = Namespace("m", layout, "a"), Namespace("m", layout, "b")
     B = layout.block_size
     keys = _put(host, a, list(range(4 * B)), 1)
@@ -36,7 +36,7 @@ def test_leading_run_stops_at_a_miss_and_at_another_namespace(layout: KVLayout) 
 
 
 def test_pinned_slot_keeps_its_bytes_until_the_last_reader_leaves(layout: KVLayout) -> None:
-    host = HostTier("host", layout, 4, pin_memory=False)
+    host = HostTier.build("host", layout, 4, pin_memory=False)
     ns = Namespace("m", layout)
     keys = _put(host, ns, list(range(2 * layout.block_size)), 9)
     first = host.pin_leading(keys, ns.id)
@@ -54,7 +54,7 @@ def test_pinned_slot_keeps_its_bytes_until_the_last_reader_leaves(layout: KVLayo
 def test_pages_per_namespace_are_counted_exactly(layout: KVLayout) -> None:
     """``pages_of`` (a quota's question) follows writes, replacements, deletes and pinned
     deletes, namespace by namespace."""
-    host = HostTier("host", layout, 16, pin_memory=False)
+    host = HostTier.build("host", layout, 16, pin_memory=False)
     a, b = Namespace("m", layout, "a"), Namespace("m", layout, "b")
     B = layout.block_size
     ka = _put(host, a, list(range(5 * B)), 1)

@@ -72,7 +72,7 @@ def forge(header: bytes, page: bytes, attacker_key: str) -> bytes:
 
 
 def redis_tier(server: RedisServer, secret: bytes | None) -> RedisTier:
-    return RedisTier("redis", LAYOUT, 100, url=server.url, timeout_s=5.0, mac=RecordMac(secret))
+    return RedisTier.build("redis", LAYOUT, 100, url=server.url, timeout_s=5.0, mac=RecordMac(secret))
 
 
 @pytest.mark.parametrize("attacker_key", ["none", "public", "other"])
@@ -117,7 +117,7 @@ def test_redis_compressed_records_are_authenticated(redis_server: RedisServer) -
     """A compressed record (another size, read on the slow path) is checked the same way."""
     ns, ch = victim_chain()
     genuine = np.zeros((3, LAYOUT.page_bytes), np.uint8)  # compresses
-    a = RedisTier("redis", LAYOUT, 100, url=redis_server.url, compression="zstd",
+    a = RedisTier.build("redis", LAYOUT, 100, url=redis_server.url, compression="zstd",
                   mac=RecordMac(SECRET_A))
     b = redis_tier(redis_server, SECRET_B)
     try:
@@ -137,7 +137,7 @@ def test_redis_compressed_records_are_authenticated(redis_server: RedisServer) -
 
 
 def disk_tier(path: Path, secret: bytes | None) -> DiskTier:
-    return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
+    return DiskTier.build("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
                     mac=RecordMac(secret))
 
 
@@ -245,7 +245,7 @@ def test_redis_parallel_verification_catches_a_forged_page_mid_batch(
 ) -> None:
     ns, ch = batch_chain()
     genuine, evil = pages(BATCH, 0), pages(1, 1)[0]
-    t = RedisTier("redis", LAYOUT, 100, url=redis_server.url, timeout_s=5.0,
+    t = RedisTier.build("redis", LAYOUT, 100, url=redis_server.url, timeout_s=5.0,
                   mac=RecordMac(SECRET_A), mac_threads=3)
     r = redis_server.client()
     name = b"kvstore:" + ch.keys[MIDDLE].hex().encode()
@@ -277,7 +277,7 @@ def test_redis_records_from_the_pool_read_without_it_and_back(redis_server: Redi
     genuine[::2] = 0  # every other page compresses: records of both sizes in one batch
 
     def tier(threads: int) -> RedisTier:
-        return RedisTier("redis", LAYOUT, 100, url=redis_server.url, compression="zstd",
+        return RedisTier.build("redis", LAYOUT, 100, url=redis_server.url, compression="zstd",
                          mac=RecordMac(SECRET_A), mac_threads=threads)
 
     for writer, reader in ((tier(3), tier(0)), (tier(0), tier(3))):
@@ -303,7 +303,7 @@ def test_disk_verification_catches_a_forged_page_mid_batch(
     path = tmp_path / "disk"
 
     def tier() -> DiskTier:  # one record per preadv: each run verified on its own
-        return DiskTier("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
+        return DiskTier.build("disk", LAYOUT, 8, path=path, check_index=False, durability="none",
                         io_threads=4, max_io_bytes=disk_io.ALIGN, mac=RecordMac(SECRET_A),
                         hash_in_workers=in_workers)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import redis
 
-from kvstore.errors import ConfigError, InvalidArgument, TierUnavailable
+from kvstore.errors import ConfigError, TierUnavailable
 from kvstore.keys import Namespace
 from kvstore.layout import KVLayout
 from kvstore.record import header_bytes, stored_meta
@@ -43,7 +43,7 @@ def chain(layout: KVLayout, n: int, *, model: str = "m", salt: str = "", start: 
 def tier(server_or_url, layout: KVLayout = SMALL, **kw) -> RedisTier:
     url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
     kw.setdefault("timeout_s", 5.0)
-    return RedisTier("redis", layout, kw.pop("capacity", 10_000), url=url, **kw)
+    return RedisTier.build("redis", layout, kw.pop("capacity", 10_000), url=url, **kw)
 
 
 def corrupt(t: RedisTier) -> dict[str, int]:
@@ -297,7 +297,7 @@ def test_as_the_bottom_tier_of_a_store(redis_server: RedisServer) -> None:
     up (promotion uses ``meta`` from the cached header: no extra round trip)."""
     ns, ch = chain(SMALL, 12)
     pages = pages_for(SMALL, 12)
-    host = HostTier("host", SMALL, 4, pin_memory=False)
+    host = HostTier.build("host", SMALL, 4, pin_memory=False)
     red = tier(redis_server, capacity=100)
     store = TieredStore(SMALL, [host, red], write_policy="write_back")
     try:
@@ -422,7 +422,7 @@ def test_credentials_and_acl_users_pass_through() -> None:
         # A least-privilege user: its own keys, data commands only (not even INFO).
         admin.execute_command("ACL", "SETUSER", "kv", "on", ">kvpw", "~kvstore:*", "+@read",
                               "+@write", "+@keyspace", "+@connection", "-info")
-        t = tier(f"redis://kv:kvpw@127.0.0.1:{server.port}/0")
+        t = tier(f"redis://kv@127.0.0.1:{server.port}/0", password="kvpw")  # user in the url
         try:
             assert all(t.write(ch.metas(), list(pages)))
             assert t.read(ns.id, ch.keys, list(np.empty_like(pages))) == [True, True]
@@ -442,7 +442,7 @@ def test_credentials_and_acl_users_pass_through() -> None:
 def test_unreachable_server_fails_at_start_with_a_hint() -> None:
     t0 = time.monotonic()
     with pytest.raises(TierUnavailable) as err:
-        RedisTier("r", SMALL, 10, url=f"redis://127.0.0.1:{free_port()}/0",
+        RedisTier.build("r", SMALL, 10, url=f"redis://127.0.0.1:{free_port()}/0",
                   connect_timeout_s=0.3)
     assert time.monotonic() - t0 < 2
     assert "url" in err.value.hint
@@ -462,8 +462,8 @@ def test_unreachable_server_fails_at_start_with_a_hint() -> None:
     ],
 )
 def test_bad_settings_are_rejected_before_connecting(kwargs: dict) -> None:
-    with pytest.raises(InvalidArgument):
-        RedisTier("r", SMALL, 10, **kwargs)
+    with pytest.raises(ConfigError, match="invalid tier configuration of tier 'r'"):
+        RedisTier.build("r", SMALL, 10, **kwargs)
 
 
 def test_tls(tmp_path: Path) -> None:
@@ -477,7 +477,7 @@ def test_tls(tmp_path: Path) -> None:
     ns, ch = chain(LLAMA, 3)
     pages = pages_for(LLAMA, 3)
     try:
-        t = RedisTier("r", LLAMA, 10, url=f"rediss://127.0.0.1:{port}/0", tls_ca_certs=ca,
+        t = RedisTier.build("r", LLAMA, 10, url=f"rediss://127.0.0.1:{port}/0", tls_ca_certs=ca,
                       timeout_s=5.0)
         try:
             assert all(t.write(ch.metas(), list(pages)))
@@ -487,7 +487,7 @@ def test_tls(tmp_path: Path) -> None:
         finally:
             t.close()
         with pytest.raises((ConfigError, TierUnavailable)):  # an unknown CA: no connection
-            RedisTier("r", LLAMA, 10, url=f"rediss://127.0.0.1:{port}/0", connect_timeout_s=1)
+            RedisTier.build("r", LLAMA, 10, url=f"rediss://127.0.0.1:{port}/0", connect_timeout_s=1)
     finally:
         server.stop()
 
@@ -567,5 +567,5 @@ def test_pages_below_a_mib_are_put_over_one_lane_and_larger_ones_over_write_lane
 
 
 def test_write_lanes_out_of_range_are_refused(redis_server: RedisServer) -> None:
-    with pytest.raises(InvalidArgument, match="write_lanes"):
+    with pytest.raises(ConfigError, match="write_lanes"):
         tier(redis_server, write_lanes=0)

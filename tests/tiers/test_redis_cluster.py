@@ -32,7 +32,7 @@ def data(layout: KVLayout, n: int, start: int = 0):
 
 def make(cluster: RedisClusterProcs, layout: KVLayout = LAYOUT, seeds=None, **kw) -> RedisTier:
     kw.setdefault("timeout_s", 5.0)
-    return RedisTier("redis", layout, 10_000, cluster_nodes=seeds or cluster.nodes, **kw)
+    return RedisTier.build("redis", layout, 10_000, cluster_nodes=seeds or cluster.nodes, **kw)
 
 
 def holds(server: RedisServer, name: bytes) -> bool:
@@ -181,6 +181,6 @@ def test_kind_mismatches_are_config_errors(
     redis_cluster: RedisClusterProcs, redis_server: RedisServer
 ) -> None:
     with pytest.raises(ConfigError, match="cluster"):
-        RedisTier("r", LAYOUT, 10, url=f"redis://{redis_cluster.nodes[0]}/0")
+        RedisTier.build("r", LAYOUT, 10, url=f"redis://{redis_cluster.nodes[0]}/0")
     with pytest.raises(ConfigError, match="not in cluster mode"):
-        RedisTier("r", LAYOUT, 10, cluster_nodes=[redis_server.node])
+        RedisTier.build("r", LAYOUT, 10, cluster_nodes=[redis_server.node])

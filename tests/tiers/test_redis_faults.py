@@ -28,7 +28,7 @@ COOLDOWN_S = 0.3
 def make(url: str, **kw) -> RedisTier:
     kw = {"timeout_s": TIMEOUT_S, "connect_timeout_s": 0.2, "breaker_failures": 2,
           "breaker_cooldown_s": COOLDOWN_S, **kw}
-    return RedisTier("redis", LAYOUT, 10_000, url=url, **kw)
+    return RedisTier.build("redis", LAYOUT, 10_000, url=url, **kw)
 
 
 def data(n: int, start: int = 0):

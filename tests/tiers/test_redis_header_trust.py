@@ -63,11 +63,11 @@ def _pages(n: int, seed: int) -> np.ndarray:
 
 
 def _redis(server: RedisServer) -> RedisTier:
-    return RedisTier("redis", LAYOUT, 100, url=server.url, timeout_s=5.0, mac=RecordMac(SECRET))
+    return RedisTier.build("redis", LAYOUT, 100, url=server.url, timeout_s=5.0, mac=RecordMac(SECRET))
 
 
 def _disk(path: Path) -> DiskTier:
-    return DiskTier("disk", LAYOUT, 16, path=path, check_index=False, durability="none",
+    return DiskTier.build("disk", LAYOUT, 16, path=path, check_index=False, durability="none",
                     mac=RecordMac(SECRET))
 
 

@@ -22,7 +22,7 @@ SECRET = "Xq7-s3cret-pw"
 
 
 def start(url: str, **kw) -> RedisTier:
-    return RedisTier("redis", SMALL, 10, url=url, connect_timeout_s=0.5, **kw)
+    return RedisTier.build("redis", SMALL, 10, url=url, connect_timeout_s=0.5, **kw)
 
 
 def test_a_tls_url_against_a_plain_server_says_tls_mismatch(redis_server: RedisServer) -> None:
@@ -60,13 +60,15 @@ def test_a_secret_never_appears_in_a_message_or_a_log(
         "bad port": lambda: start(f"redis://:{SECRET}@127.0.0.1:notaport/0"),
         "password in the query": lambda: start(f"redis://127.0.0.1:{port}/0?password={SECRET}"
                                                "&socket_timeout=x"),
-        "unreachable": lambda: start(f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"),
-        "no password configured": lambda: start(f"redis://:{SECRET}@127.0.0.1:{port}/0"),
-        "wrong password": lambda: start(f"redis://:wrong-{SECRET}@127.0.0.1:{guarded.port}/0"),
-        "wrong user": lambda: start(f"redis://nobody:{SECRET}@127.0.0.1:{guarded.port}/0"),
-        "password argument": lambda: start(guarded.url, password=f"wrong-{SECRET}"),
-        "tls mismatch": lambda: start(f"rediss://:{SECRET}@127.0.0.1:{guarded.port}/0"),
-        "database out of range": lambda: start(f"redis://:{SECRET}@127.0.0.1:{guarded.port}/99"),
+        "password in the url": lambda: start(f"redis://:{SECRET}@127.0.0.1:{port}/0"),
+        "unreachable": lambda: start(f"redis://127.0.0.1:{free_port()}/0", password=SECRET),
+        "no password configured": lambda: start(plain.url, password=SECRET),
+        "wrong password": lambda: start(guarded.url, password=f"wrong-{SECRET}"),
+        "wrong user": lambda: start(f"redis://nobody@127.0.0.1:{guarded.port}/0",
+                                    password=SECRET),
+        "tls mismatch": lambda: start(f"rediss://127.0.0.1:{guarded.port}/0", password=SECRET),
+        "database out of range": lambda: start(f"redis://127.0.0.1:{guarded.port}/99",
+                                               password=SECRET),
     }
     texts: list[str] = []
     try:
@@ -79,9 +81,9 @@ def test_a_secret_never_appears_in_a_message_or_a_log(
                           "".join(traceback.format_exception(exc))]
                 if "://" in exc.message:  # it quotes the url: with the password masked
                     assert "***" in exc.message, (what, exc.message)
-            # A working tier with a password in its url that loses its server, and gets it back.
-            t = start(f"redis://:{SECRET}@127.0.0.1:{guarded.port}/0", breaker_failures=1,
-                      breaker_cooldown_s=0.05, timeout_s=0.3)
+            # A working tier with a password that loses its server, and gets it back.
+            t = start(guarded.url, password=SECRET, breaker_failures=1, breaker_cooldown_s=0.05,
+                      timeout_s=0.3)
             try:
                 guarded.kill()
                 assert t.contains([b"\x01" * 16]) == [False]

@@ -26,8 +26,8 @@ PAGES = np.random.default_rng(3).integers(0, 256, (6, LAYOUT.page_bytes), dtype=
 
 def over_redis(server: RedisServer, host_pages: int, timeout_s: float, **kw: object) -> TieredStore:
     m = Metrics()
-    host = HostTier("host", LAYOUT, host_pages, m)
-    redis = RedisTier("redis", LAYOUT, 100, m, url=server.url, timeout_s=timeout_s,
+    host = HostTier.build("host", LAYOUT, host_pages, m)
+    redis = RedisTier.build("redis", LAYOUT, 100, m, url=server.url, timeout_s=timeout_s,
                       connect_timeout_s=timeout_s)
     return TieredStore(LAYOUT, [host, redis], ["lru", "lru"], **kw)  # type: ignore[arg-type]
 
@@ -83,7 +83,7 @@ def test_a_get_never_runs_a_write_back(redis_server: RedisServer) -> None:
 
 def test_a_write_through_put_reports_pages_a_lower_tier_refused() -> None:
     m = Metrics()
-    store = TieredStore(LAYOUT, [HostTier("a", LAYOUT, 4, m), HostTier("b", LAYOUT, 1, m)],
+    store = TieredStore(LAYOUT, [HostTier.build("a", LAYOUT, 4, m), HostTier.build("b", LAYOUT, 1, m)],
                         write_policy="write_through")
     store.put([CHAIN.meta(5)], PAGES[5:6], tier="b")
     pin = store.lookup([CHAIN.keys[5]], lease=True)  # b's only slot is pinned

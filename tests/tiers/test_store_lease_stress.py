@@ -125,8 +125,8 @@ def hammer(tmp: Path, seconds: float, seed: int = 0) -> Counter[str]:
     m = Metrics()
     store = TieredStore(
         LAYOUT,
-        [WideHost("host", LAYOUT, 24, m, pin_memory=False),
-         WideDisk("disk", LAYOUT, 64, m, path=tmp / "disk", durability="none")],
+        [WideHost.build("host", LAYOUT, 24, m, pin_memory=False),
+         WideDisk.build("disk", LAYOUT, 64, m, path=tmp / "disk", durability="none")],
         ["lru", "lru"], write_policy="write_back", lease_ttl_s=600.0)
     tally: Counter[str] = Counter()
     errors: list[BaseException] = []

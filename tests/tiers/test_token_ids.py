@@ -56,7 +56,7 @@ def test_disk_stores_token_ids_only_when_configured(tmp_path: Path, store_token_
     ns, ch = chain()
     genuine = pages(3, 0)
     path = tmp_path / "disk"
-    with DiskTier("disk", LAYOUT, 8, path=path, check_index=False, durability="batch",
+    with DiskTier.build("disk", LAYOUT, 8, path=path, check_index=False, durability="batch",
                   mac=RecordMac(SECRET), store_token_ids=store_token_ids) as t:
         assert t.write(ch.metas(), list(genuine)) == [True] * 3
     slab = (path / "slots.dat").read_bytes()
@@ -64,7 +64,7 @@ def test_disk_stores_token_ids_only_when_configured(tmp_path: Path, store_token_
     assert holds_tokens(slab, ch) == [store_token_ids] * 3
     assert holds_tokens(index, ch) == [store_token_ids] * 3
     # A warm restart reads the pages back either way; meta() says what was kept.
-    with DiskTier("disk", LAYOUT, 8, path=path, check_index=False,
+    with DiskTier.build("disk", LAYOUT, 8, path=path, check_index=False,
                   mac=RecordMac(SECRET), store_token_ids=store_token_ids) as t:
         outs = pages(3, 1)
         assert t.read(ns.id, ch.keys, list(outs)) == [True] * 3
@@ -81,10 +81,10 @@ def test_disk_reads_the_records_the_other_setting_wrote(tmp_path: Path) -> None:
     genuine = pages(3, 0)
     path = tmp_path / "disk"
     for writer, reader in ((True, False), (False, True)):
-        with DiskTier("disk", LAYOUT, 8, path=path, check_index=False,
+        with DiskTier.build("disk", LAYOUT, 8, path=path, check_index=False,
                       mac=RecordMac(SECRET), store_token_ids=writer) as t:
             assert all(t.write(ch.metas(), list(genuine)))
-        with DiskTier("disk", LAYOUT, 8, path=path, check_index=False,
+        with DiskTier.build("disk", LAYOUT, 8, path=path, check_index=False,
                       mac=RecordMac(SECRET), store_token_ids=reader) as t:
             outs = pages(3, 1)
             assert t.read(ns.id, ch.keys, list(outs)) == [True] * 3
@@ -96,7 +96,7 @@ def test_disk_reads_the_records_the_other_setting_wrote(tmp_path: Path) -> None:
 
 
 def redis_tier(server: RedisServer, store_token_ids: bool = False) -> RedisTier:
-    return RedisTier("redis", LAYOUT, 100, url=server.url, timeout_s=5.0,
+    return RedisTier.build("redis", LAYOUT, 100, url=server.url, timeout_s=5.0,
                      mac=RecordMac(SECRET), store_token_ids=store_token_ids)
 
 

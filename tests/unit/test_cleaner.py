@@ -46,10 +46,10 @@ def _inline(m: Metrics, tier: str) -> float:
 
 def test_a_full_host_is_cleaned_ahead_and_saves_never_wait_on_the_disk(tmp_path: Path) -> None:
     m = Metrics()
-    disk = GatedDisk("disk", LAYOUT, 400, m, path=tmp_path / "d", durability="none",
+    disk = GatedDisk.build("disk", LAYOUT, 400, m, path=tmp_path / "d", durability="none",
                      preallocate=False)
     from kvstore.tiers.host import HostTier
-    s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 40, m, pin_memory=False), disk],
+    s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 40, m, pin_memory=False), disk],
                     free_reserve=0.25, metrics=m)  # low 10, high 20 pages free
     host = s.tier("host")
     try:
@@ -94,8 +94,8 @@ def test_an_engine_allocation_never_writes_back_on_its_thread() -> None:
     had to evict, the pool keeps free blocks, and allocations take them while the write-back
     into host hangs."""
     m = Metrics()
-    pool = HBMTier("hbm", LAYOUT, 64, m, device="cpu")
-    host = GatedHost("host", LAYOUT, 256, m, pin_memory=False)
+    pool = HBMTier.build("hbm", LAYOUT, 64, m, device="cpu")
+    host = GatedHost.build("host", LAYOUT, 256, m, pin_memory=False)
     s = TieredStore(LAYOUT, [pool, host], free_reserve=0.25, metrics=m)  # low 16, high 32
     try:
         chain = _chain(0, 64)
@@ -132,8 +132,8 @@ def test_an_engine_allocation_never_writes_back_on_its_thread() -> None:
 def test_no_reserve_means_writers_evict_as_before(tmp_path: Path) -> None:
     from kvstore.tiers.host import HostTier
     m = Metrics()
-    s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 40, m, pin_memory=False),
-                             HostTier("below", LAYOUT, 100, m, pin_memory=False)],
+    s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 40, m, pin_memory=False),
+                             HostTier.build("below", LAYOUT, 100, m, pin_memory=False)],
                     free_reserve=0.0, metrics=m)
     try:
         s.put(_chain(0, 45).metas(), _pages(45, 5))
@@ -147,5 +147,5 @@ def test_no_reserve_means_writers_evict_as_before(tmp_path: Path) -> None:
 def test_a_reserve_out_of_range_is_refused(bad: float) -> None:
     from kvstore.tiers.host import HostTier
     with pytest.raises(InvalidArgument, match="free_reserve"):
-        TieredStore(LAYOUT, [HostTier("host", LAYOUT, 40, Metrics(), pin_memory=False)],
+        TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 40, Metrics(), pin_memory=False)],
                     free_reserve=bad)

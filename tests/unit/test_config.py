@@ -139,7 +139,7 @@ policy = "lineage"
 ttl_s = 3600
 """))
     redis = ok.tiers[1]
-    assert redis.kind == "redis" and redis.tier_kwargs()["password"] == "s3cret"
+    assert redis.kind == "redis" and redis.password.get_secret_value() == "s3cret"
     assert "s3cret" not in ok.model_dump_json()  # secrets never print
     for text, field in [
         ('url = "redis://u:pw@h:1/0"', "password"),
@@ -318,14 +318,26 @@ def test_every_tier_kind_declares_its_config_model_and_the_union_is_the_registry
     from typing import get_args
 
     from kvstore.config import TierConfig
-    from kvstore.tiers import TIER_CONFIGS, TIERS, tier_config_models
+    from kvstore.tiers import TIER_CONFIGS, TIERS, tier_class, tier_config_models
 
     assert set(TIER_CONFIGS) == set(TIERS)
     for kind, model in zip(TIER_CONFIGS, tier_config_models()):
-        assert model.__module__ == f"kvstore.tiers.{kind}_config"
         assert model.model_fields["kind"].default == kind
+        assert tier_class(kind).config_model is model  # the constructor takes that model
     union, _discriminator = get_args(TierConfig)
     assert list(get_args(union)) == tier_config_models()
+
+
+def test_loading_the_tier_config_models_imports_no_tier_dependency() -> None:
+    """Every configuration load imports every kind's model: a model's module must not import
+    what only its tier needs (lmdb, redis, torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from kvstore.tiers import tier_config_models; tier_config_models(); "
+            "print(sorted({'lmdb', 'redis', 'torch'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # ----------------------------------------------------------------- secrets

@@ -48,7 +48,7 @@ def test_labels_are_bounded_like_the_namespace_counters() -> None:
 
 
 def test_the_store_keeps_labels_and_refuses_bad_ones(layout: KVLayout) -> None:
-    store = TieredStore(layout, [HostTier("host", layout, 4, Metrics(), pin_memory=False)])
+    store = TieredStore(layout, [HostTier.build("host", layout, 4, Metrics(), pin_memory=False)])
     ns = Namespace("some/model", layout, "t1")
     store.label_namespace(ns.id, ns.label)
     assert store.namespace_labels.get(ns.id) == "some/model · tenant t1"

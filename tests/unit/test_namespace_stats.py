@@ -53,8 +53,8 @@ def test_a_cap_of_zero_counts_everything_as_other_and_a_bad_cap_is_refused() -> 
 
 def store_of(layout: KVLayout) -> TieredStore:
     m = Metrics()
-    return TieredStore(layout, [HostTier("host", layout, 16, m, pin_memory=False),
-                                HostTier("slow", layout, 64, m, pin_memory=False)])
+    return TieredStore(layout, [HostTier.build("host", layout, 16, m, pin_memory=False),
+                                HostTier.build("slow", layout, 64, m, pin_memory=False)])
 
 
 def test_the_store_counts_lookups_loads_and_declines_per_namespace(layout: KVLayout) -> None:

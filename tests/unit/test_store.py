@@ -28,7 +28,7 @@ def two_tier(layout: KVLayout, write_policy: str, *, top: int = 4, bottom: int =
     m = Metrics()
     return TieredStore(
         layout,
-        [HostTier("fast", layout, top, m), HostTier("slow", layout, bottom, m)],
+        [HostTier.build("fast", layout, top, m), HostTier.build("slow", layout, bottom, m)],
         list(policies),
         write_policy=write_policy,
         **kw,
@@ -199,7 +199,7 @@ def test_lease_expiry(layout: KVLayout, ns: Namespace) -> None:
 
 def test_all_pinned_means_refused_not_evicted(layout: KVLayout, ns: Namespace) -> None:
     m = Metrics()
-    store = TieredStore(layout, [HostTier("only", layout, 2, m)], ["lru"])
+    store = TieredStore(layout, [HostTier.build("only", layout, 2, m)], ["lru"])
     chain = ns.chain(list(range(16)))
     store.put(chain.metas(0, 2), random_pages(layout, 2))
     store.lookup(chain.keys, lease=True)
@@ -296,15 +296,15 @@ def test_forged_identity_rejected(layout: KVLayout, ns: Namespace) -> None:
 def test_bad_construction(layout: KVLayout) -> None:
     m = Metrics()
     with pytest.raises(UnknownComponent, match="known policies"):
-        TieredStore(layout, [HostTier("a", layout, 2, m)], ["mru"])
+        TieredStore(layout, [HostTier.build("a", layout, 2, m)], ["mru"])
     with pytest.raises(InvalidArgument, match="write policy"):
-        TieredStore(layout, [HostTier("b", layout, 2, m)], write_policy="write_around")  # type: ignore[arg-type]
+        TieredStore(layout, [HostTier.build("b", layout, 2, m)], write_policy="write_around")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="unique"):
-        TieredStore(layout, [HostTier("c", layout, 2, m), HostTier("c", layout, 2, Metrics())])
+        TieredStore(layout, [HostTier.build("c", layout, 2, m), HostTier.build("c", layout, 2, Metrics())])
     with pytest.raises(InvalidArgument, match="another layout"):
-        TieredStore(layout, [HostTier("d", KVLayout(1, 1, 1, 1, "float16"), 2, m)])
+        TieredStore(layout, [HostTier.build("d", KVLayout(1, 1, 1, 1, "float16"), 2, m)])
     with pytest.raises(InvalidArgument, match="at least one page"):
-        HostTier("e", layout, 0, m)
+        HostTier.build("e", layout, 0, m)
 
 
 def _blocking_write(monkeypatch: pytest.MonkeyPatch, tier: HostTier):  # type: ignore[no-untyped-def]
@@ -425,7 +425,7 @@ class _RacingHost(HostTier):
 @pytest.mark.parametrize("evict", [False, True], ids=["delete", "evict"])
 def test_a_page_gone_between_count_and_lease_ends_the_leased_run(layout: KVLayout, ns: Namespace,
                                                                   evict: bool) -> None:
-    tier = _RacingHost("host", layout, 16, Metrics())
+    tier = _RacingHost.build("host", layout, 16, Metrics())
     store = TieredStore(layout, [tier], ["lru"])
     chain = ns.chain(list(range(layout.block_size * 8)))
     store.put(chain.metas(), random_pages(layout, 8))

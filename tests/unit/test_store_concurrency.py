@@ -65,9 +65,9 @@ def worker(store: TieredStore, seed: int, deadline: float, tally: Counter[str]) 
 
 def hammer(seconds: float, disk: Path | None = None) -> Counter[str]:
     m = Metrics()
-    slow = (HostTier("slow", LAYOUT, 30, m) if disk is None else
-            DiskTier("slow", LAYOUT, 30, m, path=disk, durability="none", preallocate=False))
-    store = TieredStore(LAYOUT, [HostTier("fast", LAYOUT, 12, m), slow],
+    slow = (HostTier.build("slow", LAYOUT, 30, m) if disk is None else
+            DiskTier.build("slow", LAYOUT, 30, m, path=disk, durability="none", preallocate=False))
+    store = TieredStore(LAYOUT, [HostTier.build("fast", LAYOUT, 12, m), slow],
                         ["lru", "s3fifo"], write_policy="write_back", lease_ttl_s=60.0)
     tally: Counter[str] = Counter()
     errors: list[BaseException] = []

@@ -19,7 +19,7 @@ PAGES = np.random.default_rng(1).integers(0, 256, (4, LAYOUT.page_bytes), dtype=
 
 
 def store(pages: int = 8, **kw: object) -> TieredStore:
-    return TieredStore(LAYOUT, [HostTier("host", LAYOUT, pages, Metrics())], **kw)  # type: ignore[arg-type]
+    return TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, pages, Metrics())], **kw)  # type: ignore[arg-type]
 
 
 def out(n: int) -> np.ndarray:
@@ -131,9 +131,9 @@ def test_a_capacity_that_is_not_an_int_is_refused_by_name(kind: str, capacity: o
 
     with pytest.raises(InvalidArgument, match="tier 't': capacity_pages must be an int"):
         if kind == "host":
-            HostTier("t", LAYOUT, capacity, Metrics())  # type: ignore[arg-type]
+            HostTier.build("t", LAYOUT, capacity, Metrics())  # type: ignore[arg-type]
         else:
-            DiskTier("t", LAYOUT, capacity, Metrics(), path=tmp_path / "d")  # type: ignore[arg-type]
+            DiskTier.build("t", LAYOUT, capacity, Metrics(), path=tmp_path / "d")  # type: ignore[arg-type]
     assert not (tmp_path / "d").exists()  # nothing created
     with pytest.raises(ValueError, match="policy capacity must be an int"):
         make_policy("lru", capacity)  # type: ignore[arg-type]
@@ -141,7 +141,7 @@ def test_a_capacity_that_is_not_an_int_is_refused_by_name(kind: str, capacity: o
 
 def test_an_impossible_host_capacity_is_refused_by_name() -> None:
     with pytest.raises(InvalidArgument, match="host tier 'big' asks for .* of memory"):
-        HostTier("big", LAYOUT, 10**13, Metrics())
+        HostTier.build("big", LAYOUT, 10**13, Metrics())
 
 
 # ----------------------------------------------------------------- staging handles

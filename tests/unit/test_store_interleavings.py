@@ -193,8 +193,8 @@ class Interleavings(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         m = Metrics()
-        self.fast = GatedHostTier("fast", LAYOUT, 4, m, pin_memory=False)
-        self.slow = GatedHostTier("slow", LAYOUT, 8, m, pin_memory=False)
+        self.fast = GatedHostTier.build("fast", LAYOUT, 4, m, pin_memory=False)
+        self.slow = GatedHostTier.build("slow", LAYOUT, 8, m, pin_memory=False)
         self.store: TieredStore | None = None
         self.lock = WatchedLock()
         self.gate: Gate | None = None

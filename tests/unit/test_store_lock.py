@@ -25,9 +25,9 @@ NS = Namespace("lock", LAYOUT)
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[tuple[TieredStore, GatedDisk]]:
     m = Metrics()
-    disk = GatedDisk("disk", LAYOUT, 64, m, path=tmp_path / "d", durability="none",
+    disk = GatedDisk.build("disk", LAYOUT, 64, m, path=tmp_path / "d", durability="none",
                      preallocate=False)
-    s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 8, m, pin_memory=False), disk],
+    s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 8, m, pin_memory=False), disk],
                     write_policy="write_through")
     yield s, disk
     disk.gate.set()

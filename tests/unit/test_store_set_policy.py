@@ -26,7 +26,7 @@ def held(s: TieredStore, keys: list[bytes]) -> list[bool]:
 
 @pytest.mark.parametrize("spec, survivor", [("lru", 0), ("fifo", 1)])
 def test_victims_follow_the_new_policy(spec: str, survivor: int) -> None:
-    s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 4, Metrics())], ["lru" if spec == "fifo" else "fifo"])
+    s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 4, Metrics())], ["lru" if spec == "fifo" else "fifo"])
     old = NS.chain(list(range(16)))
     s.put(old.metas(), pages(4))
     s.set_policy("host", spec)
@@ -44,7 +44,7 @@ def test_victims_follow_the_new_policy(spec: str, survivor: int) -> None:
 
 
 def test_a_bad_switch_is_refused_and_changes_nothing() -> None:
-    s = TieredStore(LAYOUT, [HostTier("host", LAYOUT, 4, Metrics())], ["lru"])
+    s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 4, Metrics())], ["lru"])
     s.put(NS.chain(list(range(8))).metas(), pages(2))
     before = s.policies[0]
     with pytest.raises(UnknownComponent, match="unknown eviction policy 'nope'"):

@@ -64,7 +64,7 @@ class StoreMachine(RuleBasedStateMachine):
         m = Metrics()
         self.store = TieredStore(
             LAYOUT,
-            [HostTier("fast", LAYOUT, sizes[0], m), HostTier("slow", LAYOUT, sizes[1], m)],
+            [HostTier.build("fast", LAYOUT, sizes[0], m), HostTier.build("slow", LAYOUT, sizes[1], m)],
             list(policies),
             write_policy=write_policy,
             selective_hits=2,
