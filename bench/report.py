@@ -46,6 +46,8 @@ HEADLINES: tuple[tuple[str, str], ...] = (
     ("daemon-h200", "shm load"),
     ("daemon-h200", "lookup 2048 keys p99"),
     ("lookup-h200", "hash+lookup list-tokens"),
+    ("writeback-h100", "write-back, free_reserve 0.05: engine time/step p50"),
+    ("writeback-h100", "write-back, free_reserve 0.05: engine time/step p99"),
     ("vllm-cpu-2core", "kvstore host hit vs recompute"),
     ("vllm-cpu-2core", "kvstore no reuse"),
     ("vllm-cpu-2core", "default layout: kvstore daemon host hit vs the floor"),
