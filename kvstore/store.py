@@ -20,7 +20,8 @@ Invariants (``check_integrity`` asserts them, between operations):
 Write policies decide when a page is copied to the next tier down:
 
 * ``write_through`` — as soon as it is written to a tier, into every tier below it;
-* ``write_back``    — when it is evicted from a tier, into the next one;
+* ``write_back``    — when it is evicted from a tier, into the next one, unless its copy has
+  reached that tier once already (it is *clean*: see ``StoreState.clean``);
 * ``selective``     — once it has been hit ``selective_hits`` times in a tier, into the next one
   (in the background).
 

@@ -77,3 +77,26 @@ def test_real_instances_are_the_face(tmp_path: Path) -> None:
             assert isinstance(face.staging_tier(), StagingSlab)
             assert face.tier_names == ("host",) and not face.commits_pool_itself
         assert isinstance(DaemonNamespace(client, b"\x01" * 16).has_remote_tiers, bool)
+
+
+#: RPCs of the daemon's service that are the transport's own, not a method of the face: the
+#: session (and its lease/handle scope), a lookup stream (the scheduler's answer-or-not-yet),
+#: the staging tier's presence check, stats, events and the cross-node byte path
+TRANSPORT_RPCS = {"open_session", "lookup_stream", "contains", "stats", "watch_events",
+                  "read_pages", "write_pages"}
+
+
+def test_the_proto_mirrors_the_face() -> None:
+    """Each RPC of connector/proto is a method of the face of the same name, or pinned above as
+    the transport's own; and every face method that does work on the daemon has its RPC."""
+    import re
+
+    proto = (Path(__file__).parents[2] / "connector" / "proto").glob("*.proto")
+    rpcs = {re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+            for p in proto for name in re.findall(r"^\s*rpc (\w+)\(", p.read_text(), re.M)}
+    face = set(_face_members())
+    assert rpcs - face == TRANSPORT_RPCS
+    served = {"lookup", "release", "narrow", "prepare_load", "complete_load", "prepare_store",
+              "complete_store", "abort", "prefetch", "delete", "count_declined", "count_failed",
+              "label_namespace"}
+    assert served <= rpcs & face
