@@ -17,6 +17,7 @@ page it was given. Shared tiers (Redis) are never cleaned: other nodes write and
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from typing import TYPE_CHECKING
@@ -29,6 +30,10 @@ if TYPE_CHECKING:  # the config imports DEFAULT_RESERVE: no tier code at import 
 
 #: the default share of a tier's capacity kept free once it is full (``store.free_reserve``)
 DEFAULT_RESERVE = 0.05
+#: how long a tier's cleaner rests after a pass that found nothing to evict (every page pinned
+#: by a lease or in use by a request): re-scanning such a policy on every write would hold the
+#: store lock for nothing
+REST_S = 0.05
 
 
 def check_reserve(fraction: float) -> None:
@@ -59,6 +64,8 @@ class Cleaner:
         self._high = [min(2 * low, t.capacity_pages // 2) for low, t in zip(self._low, tiers)]
         self._lanes = [f"clean-{t.name}" for t in tiers]
         self._pressure = [False] * len(tiers)
+        self._rest_until = [0.0] * len(tiers)
+        self.rest_s = REST_S
         self._queued = [False] * len(tiers)
         self._lock = threading.Lock()
         self._room, self._evict, self._submit = room, evict, submit
@@ -74,16 +81,18 @@ class Cleaner:
         return self._low[ti], self._high[ti]
 
     def note_inline(self, ti: int, n: int) -> None:
-        """A writer evicted ``n`` pages of tier ``ti`` itself: the tier is full and in use, so
-        from now on it keeps its reserve."""
+        """A writer had to evict in tier ``ti`` itself (``n`` pages; 0 when every page was
+        pinned): the tier is full and in use, so from now on it keeps its reserve."""
+        self._pressure[ti] = True
         if n > 0:
-            self._pressure[ti] = True
             self._inline.labels(self._names[ti]).inc(n)
 
     def check(self, ti: int) -> None:
         """After a write or an allocation in tier ``ti``: queue its cleaning when its room fell
         below the low water mark (once; a queued cleaning covers later checks)."""
         if not self._pressure[ti] or self._queued[ti] or not self._low[ti]:
+            return
+        if self._rest_until[ti] and time.monotonic() < self._rest_until[ti]:
             return
         if self._room(ti) >= self._low[ti]:
             return
@@ -100,6 +109,7 @@ class Cleaner:
             need = self._high[ti] - self._room(ti)
             if need > 0:
                 freed = self._evict(ti, need)
+                self._rest_until[ti] = 0.0 if freed else time.monotonic() + self.rest_s
         finally:
             with self._lock:
                 self._queued[ti] = False
@@ -107,4 +117,4 @@ class Cleaner:
             self.check(ti)
 
 
-__all__ = ["DEFAULT_RESERVE", "Cleaner", "check_reserve"]
+__all__ = ["DEFAULT_RESERVE", "REST_S", "Cleaner", "check_reserve"]

@@ -149,3 +149,37 @@ def test_a_reserve_out_of_range_is_refused(bad: float) -> None:
     with pytest.raises(InvalidArgument, match="free_reserve"):
         TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 40, Metrics(), pin_memory=False)],
                     free_reserve=bad)
+
+
+def test_a_tier_whose_pages_are_all_pinned_is_not_rescanned_on_every_write() -> None:
+    """Every page leased: a cleaning pass finds nothing to evict, and the cleaner rests instead
+    of scanning the pinned policy again (under the store lock) for each of the writes that
+    follow, all refused."""
+    from kvstore.tiers.host import HostTier
+    m = Metrics()
+    s = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, 40, m, pin_memory=False),
+                             HostTier.build("below", LAYOUT, 400, m, pin_memory=False)],
+                    free_reserve=0.25, metrics=m)
+    cleaner = s._room.cleaner
+    cleaner.rest_s = 30.0
+    jobs: list[int] = []
+    submit = cleaner._submit
+
+    def counting(*a: Any, **k: Any) -> bool:
+        jobs.append(1)
+        return submit(*a, **k)
+
+    cleaner._submit = counting
+    try:
+        full = _chain(0, 40)
+        s.put(full.metas(), _pages(40, 6))
+        leases = [s.lookup([k], lease=True).lease for k in full.keys]
+        assert all(x is not None for x in leases) and not jobs  # filling evicts nothing
+        for i in range(50):  # full of pinned pages: each write is refused, none evicts
+            assert s.put(_chain(1000 + i, 1).metas(), _pages(1, i)).refused == 1
+            assert s.drain(10)
+        assert len(jobs) == 1  # one pass found nothing to evict; the cleaner rests since
+        for x in leases:
+            s.release(x)
+    finally:
+        s.close()
