@@ -149,8 +149,9 @@ class Room:
             return min(tier.free_pages + going - claimed, policy.capacity - len(policy) - claimed)
 
     def evict_ahead(self, ti: int, n: int) -> int:
-        """The cleaner's eviction (on its lane): up to ``n`` victims of tier ``ti`` by its
-        policy, written back per the write policy. Returns how many were chosen."""
+        """Up to ``n`` victims of tier ``ti`` by its policy, written back per the write policy
+        and deleted (the cleaner's eviction, on its lane). Returns how many were chosen: the
+        cleaner's measure, which writers filling the tier meanwhile do not blur."""
         with self._st.lock:
             victims = self.choose_victims(ti, n)
         if victims:
@@ -308,12 +309,9 @@ class Room:
     def evict(self, ti: int, n: int) -> int:
         """Evict up to ``n`` pages of tier ``ti`` by its policy (write-back applies, outside the
         lock). Returns how many pages left the tier."""
-        with self._st.lock:
-            victims = self.choose_victims(ti, n)
-        if not victims:
-            return 0
         before = self._st.tiers[ti].used_pages
-        self.retire(ti, victims)
+        if not self.evict_ahead(ti, n):
+            return 0
         return max(0, before - self._st.tiers[ti].used_pages)
 
     def delete(self, keys: list[bytes]) -> int:

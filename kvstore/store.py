@@ -41,7 +41,6 @@ write back on their own threads.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -70,8 +69,6 @@ from kvstore.staging_path import StagingPath
 from kvstore.store_state import StoreState
 from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm_owner import OwnedPool
-
-log = logging.getLogger("kvstore.store")
 
 WritePolicy = Literal["write_through", "write_back", "selective"]
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_back", "selective")
