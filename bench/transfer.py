@@ -1,5 +1,5 @@
 """Engine cache <-> host pages, all layers, layer by layer, through the connector's own transfer
-(:mod:`connector.transfer`), against one contiguous copy of the same bytes.
+(:mod:`kvstore.transfer`), against one contiguous copy of the same bytes.
 
     python -m bench.transfer [--quick] [--json] [--record]
 
@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from bench.common import add_standard_args, command_line, emit_json, measurement, print_measurements, record
-from connector.transfer import make_transfer
+from kvstore.transfer import make_transfer
 from kvstore import KVLayout
 from kvstore.ops import (copy_rows, copy_rows_blocks, copy_rows_native_active, copy_rows_reference,
                         copy_spans)

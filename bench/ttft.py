@@ -36,7 +36,7 @@ the intended tier, and raises otherwise.
 4. ``host hit, load-then-compute`` — the same with ``layerwise=False``: the whole load before
    layer 0 (the overlap ablation), against the same ``max(load, compute)``.
 5. ``load only`` — the same pages host -> engine blocks by the connector's own transfer
-   (``connector.transfer.make_transfer``: per-layer copies, every layer), no model; ``load
+   (``kvstore.transfer.make_transfer``: per-layer copies, every layer), no model; ``load
    only, layers 1..`` the copies a hit makes (its engine writes layer 0's K/V from the tokens:
    ``Engine(first_layer_from_tokens=True)``), with ``host hit, layer-wise (vs its copies)``
    against ``max(that, engine hbm hit)``.

@@ -29,7 +29,7 @@ Setups per prompt length ``n`` (one model, the one the model-level part built; h
   ablation's blocking baseline). The prompt runs once (its full blocks are saved to host,
   ``engine.drain()`` waits for the puts); before each run ``store.evict`` empties the hbm tier
   (write-back finds the pages in host already), so the prefix comes from host only.
-  ``load only``: the connector's own transfer (:func:`connector.transfer.make_transfer` over the
+  ``load only``: the connector's own transfer (:func:`kvstore.transfer.make_transfer` over the
   same pool and host slab) moving the same pages host -> engine blocks, all layers, timed alone
   (``load_context`` / ``load_layer`` per layer / ``finish_load``); ``load only, layers 1..``:
   the same without layer 0 -- the copies a hit makes, whose engine writes layer 0's K/V from the

@@ -34,7 +34,7 @@ from bench.ttft_engine_setup import (
 )
 from connector.base import KVCacheSpec
 from connector.inprocess import InProcessWorker
-from connector.transfer import make_transfer
+from kvstore.transfer import make_transfer
 from kvstore import Tier
 from kvstore.api import LocalStagingSlab
 from kvstore.keys import Namespace

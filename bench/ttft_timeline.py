@@ -22,7 +22,7 @@ pinning 0.07-0.11 and ``load_context`` 0.13-0.18 (which ``load only`` pays too).
 the 1 GB ``lm_head``: reads of the weights), the token is on the host 0.09-0.14 ms later and
 ``generate`` returns 0.08-0.10 ms after that (it was 0.32: a request that the token ends gives
 its blocks back while the GPU runs, ``Scheduler.release_ending``). Earlier, the scatter kernel's
-loads ran 0.7 ms longer beside the forward than alone (now DMA: ``connector/transfer.py``).
+loads ran 0.7 ms longer beside the forward than alone (now DMA: ``kvstore/transfer_cuda.py``).
 At 4135920: 11.62 ms against 10.24 (0.881) at 4K, and 83.79 against 78.74 (0.940) at 32K.
 
 At 933de1b (2026-12-03, another H200 host): ``bench.ttft`` gave 11.96 ms against 10.47 (0.876)

@@ -21,6 +21,7 @@ blocks). Ratio = baseline / variant (1.0: write-back costs the engine thread not
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -114,7 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = add_standard_args(argparse.ArgumentParser(prog="python -m bench.writeback"))
     parser.add_argument("--device", default="cpu", help="the pool's device (cpu, cuda)")
     parser.add_argument("--dir", default=None, help="where the disk tier's files go (a temp dir)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="set Python's thread switch interval first (sys.setswitchinterval)")
     args = parser.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     steps, forward_s = (60, 0.005) if args.quick else (400, 0.010)
     volumes = (8,) if args.quick else (8, 32)
     lines = []

@@ -1,8 +1,9 @@
 """Engine-facing connector API (scheduler side + worker side), shaped like vLLM's KV connector.
 
 ``connector.base`` holds the two interfaces and their typed metadata; ``connector.inprocess`` the
-implementation over a :class:`~kvstore.store.TieredStore` in the engine's process;
-``connector.transfer`` the CPU and CUDA copy paths; ``connector.build`` builds it from config.
+implementation over a :class:`~kvstore.store.TieredStore` in the engine's process (its copies
+are the store's transfer engine, :mod:`kvstore.transfer`); ``connector.build`` builds it from
+config.
 """
 
 from connector.base import (

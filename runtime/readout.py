@@ -3,7 +3,7 @@ reads behind a save (:class:`HostReadout`), host-to-device uploads behind a load
 (:class:`HostUpload`).
 
 A connector saves a step's pages with one DMA per run on the GPU's device-to-host copy engine
-(``connector.transfer.CudaTransfer.save_pages``): 4 GiB for a 32K-token Llama-3-8B prompt, about
+(``kvstore.transfer_cuda.CudaTransfer.save_pages``): 4 GiB for a 32K-token Llama-3-8B prompt, about
 80 ms on the H200. The copy engine serves its queue in order, across streams and however the
 save is cut up: a sampled token read with ``.item()`` or ``.cpu()`` after that save waited for
 all of it (measured on the H200: a 2.8 ms read took 78 ms, also with the save cut into 4 MiB

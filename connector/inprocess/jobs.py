@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connector.base import LoadSpec, SaveSpec
-from connector.transfer import SaveBuffer
+from kvstore.transfer import SaveBuffer
 from kvstore.staging import LoadHandle, StoreHandle
 
 

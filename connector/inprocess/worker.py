@@ -44,7 +44,7 @@ Layer-wise or not (``layerwise``, default True): with False, ``wait_for_layer_lo
 for the whole load before layer 0 computes -- the load-then-compute baseline of the overlap
 ablation in ``bench.ttft``.
 
-CPU and GPU: the copies themselves are :mod:`connector.transfer`'s -- memcpy on the load and save
+CPU and GPU: the copies themselves are :mod:`kvstore.transfer`'s -- memcpy on the load and save
 threads for a CPU cache; for a CUDA cache one scatter/gather kernel per layer on a load stream and
 a save stream, ordered against the engine's stream by CUDA events, so neither a load nor a save
 blocks the engine thread on a copy.
@@ -72,7 +72,7 @@ from connector.base import (
 from connector.failure_log import FailureLog
 from connector.inprocess.block_ids import check_block_ids
 from connector.inprocess.jobs import LayersQueued, LoadJob, SaveJob
-from connector.transfer import CopyFn, LayerTransfer, make_transfer
+from kvstore.transfer import CopyFn, LayerTransfer, make_transfer
 from kvstore.api import StagingSlab, StoreAPI
 from kvstore.errors import InvalidArgument
 from kvstore.ops import copy_spans
@@ -101,7 +101,7 @@ class InProcessWorker(KVConnectorWorker):
     every core between parallel regions (and stall when anything else runs during a forward:
     a load completed over the daemon's socket meanwhile made a host hit ~200 ms instead of
     ~18), and whose engine loop polls while a request waits for an asynchronous load (see
-    :class:`~connector.transfer.CpuTransfer`). Saves keep the save thread."""
+    :class:`~kvstore.transfer.CpuTransfer`). Saves keep the save thread."""
 
     skips_first_layer = True
 

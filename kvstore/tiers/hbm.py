@@ -37,10 +37,11 @@ Guarantees:
   checks the namespace asked for; no checksums (HBM is process memory).
 
 On CUDA, tier reads and writes (write-back, write-through and promotion traffic) move pages in
-chunks through one pinned bounce buffer the tier allocates once: the connector's gather/scatter
-kernel (``kvstore.ops.copy_rows``) between pool blocks and bounce rows on the tier's own stream,
-then a memcpy to or from the caller's buffers -- no per-call pinned allocation, no wait on the
-engine's stream. On the CPU device the pool is host memory and pages are copied directly.
+chunks through one pinned bounce buffer the tier allocates once: the transfer engine's page copy
+(:func:`kvstore.transfer_cuda.copy_pages`, the path a connector's saves take: one DMA per run of
+adjacent blocks, else the gather/scatter kernel) between pool blocks and bounce rows on the
+tier's own stream, then a memcpy to or from the caller's buffers -- no per-call pinned
+allocation, no wait on the engine's stream. On the CPU device the pool is host memory and pages are copied directly.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ from kvstore.errors import InvalidArgument
 from kvstore.keys import KEY_BYTES, BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
-from kvstore.ops import copy_rows, copy_spans
+from kvstore.ops import copy_spans
 from kvstore.checks import check_keys
 from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm_config import HBMTierConfig
 from kvstore.tiers.hbm_owner import OwnedPool, PoolOwner
 from kvstore.tiers.slots import SlotReads
+from kvstore.transfer_cuda import copy_pages
 
 #: How often ``allocate`` asks its owner to reclaim before it reports back-pressure (another
 #: thread may take the blocks an eviction freed before this one does).
@@ -520,8 +522,10 @@ BOUNCE_BYTES = 64 << 20
 
 
 class _Bounce:
-    """A pinned ``(rows, page_bytes)`` buffer and a stream: pool blocks move to and from it with
-    the gather/scatter kernel, and the calling thread waits only for that stream."""
+    """A pinned ``(rows, page_bytes)`` buffer and a stream: pool blocks move to and from it by
+    the transfer engine's :func:`~kvstore.transfer_cuda.copy_pages` (the copy engine for runs of
+    adjacent blocks, else the gather/scatter kernel), and the calling thread waits only for
+    that stream."""
 
     def __init__(self, rows: int, page_bytes: int, device: torch.device) -> None:
         self.rows = rows
@@ -529,22 +533,24 @@ class _Bounce:
         self.host = self.pages.numpy()
         self.stream = torch.cuda.Stream(device)
         self._rows_idx = torch.arange(rows, dtype=torch.int64).pin_memory()
+        self._ids = torch.empty(rows, dtype=torch.int64).pin_memory()  # under the bounce lock
 
     def move(self, dst: torch.Tensor, src: torch.Tensor, blocks: list[int], *, to_host: bool,
              after: torch.cuda.Event | None = None) -> None:
         """``dst[rows] = src[blocks]`` (to_host) or ``dst[blocks] = src[rows]``; waits for it.
         ``after``: an event the copy waits for too (the engine's queued writes)."""
-        ids = torch.tensor(blocks, dtype=torch.int64).pin_memory()
-        rows = self._rows_idx[: len(blocks)]
+        n = len(blocks)
+        ids = self._ids[:n]
+        ids.numpy()[:] = blocks  # numpy converts the ints in C; the last copy has ended
+        rows = self._rows_idx[:n]
         # after the engine's queued work (pool blocks it wrote); the engine never waits on us
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
         if after is not None:
             self.stream.wait_event(after)
-        with torch.cuda.stream(self.stream):
-            if to_host:
-                copy_rows(dst, src, rows, ids, stream=self.stream.cuda_stream)
-            else:
-                copy_rows(dst, src, ids, rows, stream=self.stream.cuda_stream)
+        if to_host:
+            copy_pages(dst, src, rows, ids, stream=self.stream)
+        else:
+            copy_pages(dst, src, ids, rows, stream=self.stream)
         self.stream.synchronize()
 
 

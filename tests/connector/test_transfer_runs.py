@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connector.base import KVCacheSpec
-from connector.transfer import _whole_pages
+from kvstore.transfer_cuda import _whole_pages
 from kvstore.ops import index_runs
 from kvstore import KVLayout
 

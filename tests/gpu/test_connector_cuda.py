@@ -67,7 +67,7 @@ def _step(sched: InProcessScheduler, worker: InProcessWorker, rid: str, tokens: 
 def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool, path: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Loads go by DMA where their pairs fall in few runs, else by the scatter kernel
-    (connector/transfer.py): both land every byte in its block."""
+    (kvstore/transfer_cuda.py): both land every byte in its block."""
     if path == "kernel":
         monkeypatch.setattr(transfer, "_DMA_LOAD_RUNS", 0)  # no load is few enough runs
     kernel_launches = []
@@ -111,7 +111,7 @@ def test_save_then_load_round_trips_on_cuda(kind: str, layerwise: bool, path: st
 
 def test_loads_reuse_their_index_buffers_and_copy_the_right_rows() -> None:
     """Each load's block and slot indices live in a pinned buffer reused by the next load
-    (connector/transfer.py): loads of different lengths, one after another through one worker,
+    (kvstore/transfer_cuda.py): loads of different lengths, one after another through one worker,
     each land exactly their own pages in their own blocks."""
     host = HostTier.build("host", LAYOUT, 16, Metrics())
     store = TieredStore(LAYOUT, [host])

@@ -201,7 +201,7 @@ def test_blocks_come_back_ascending_after_a_leaf_first_eviction(
         layout: KVLayout, ns: Namespace) -> None:
     """Leaf-first eviction frees a chain tail first (descending block ids); an allocation
     still takes its blocks in ascending order, so a load into them copies one run by DMA
-    (connector/transfer.py) instead of one block at a time."""
+    (kvstore/transfer_cuda.py) instead of one block at a time."""
     pool, owner, (c1, c2) = _committed_pool(layout, ns, "lineage")
     got = pool.allocate(6)  # evicts both chains, each tail first
     assert got == [0, 1, 2, 3, 4, 5]
