@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from connector import InProcessScheduler, InProcessWorker, KVCacheSpec, transfer
+from connector import InProcessScheduler, InProcessWorker, KVCacheSpec
+from kvstore import transfer_cuda as transfer
 from kvstore import KVLayout, Metrics, Namespace, TieredStore
 from kvstore.tiers.host import HostTier
 
