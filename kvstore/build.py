@@ -58,6 +58,7 @@ def build_store(
             lease_ttl_s=s.lease_ttl_s,
             prefetch_workers=s.prefetch_workers,
             free_reserve=s.free_reserve,
+            switch_interval_ms=s.switch_interval_ms,
             metrics=metrics,
         )
     except BaseException:

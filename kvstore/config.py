@@ -46,6 +46,7 @@ from pydantic_settings import (
 )
 
 from kvstore.cleaner import DEFAULT_RESERVE
+from kvstore.mover import DEFAULT_SWITCH_INTERVAL_MS
 from kvstore.errors import ConfigError
 from kvstore.layout import DTYPE_SIZES, KVLayout
 from kvstore.record import usable_cores
@@ -119,6 +120,10 @@ class StoreConfig(Strict):
         "share of each local tier's capacity kept free once the tier is full: a background "
         "cleaner evicts (writing back) ahead of need, so a save or an engine's block "
         "allocation finds room without evicting on its own thread; 0 turns it off"))
+    switch_interval_ms: float = Field(DEFAULT_SWITCH_INTERVAL_MS, ge=0.0, le=5.0, description=(
+        "once the store's background threads run, the Python interpreter's thread switch "
+        "interval is lowered to this (sys.setswitchinterval; never raised): the longest an "
+        "engine's thread waits for the GIL behind the store's bookkeeping; 0 leaves it alone"))
 
 
 class ConnectorConfig(Strict):

@@ -58,6 +58,7 @@ from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
 from kvstore.lookups import Lookups
 from kvstore.metrics import Metrics
+from kvstore.mover import DEFAULT_SWITCH_INTERVAL_MS
 from kvstore.namespace_labels import NamespaceLabels, check_label
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy, make_policy
@@ -94,6 +95,7 @@ class TieredStore:
         prefetch_workers: int = 2,
         bandwidth_alpha: float = 0.3,
         free_reserve: float = DEFAULT_RESERVE,
+        switch_interval_ms: float = DEFAULT_SWITCH_INTERVAL_MS,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -118,11 +120,15 @@ class TieredStore:
         built = [make_policy(p, t.capacity_pages) if isinstance(p, str) else p
                  for p, t in zip(specs, tiers)]
         check_reserve(free_reserve)
+        if isinstance(switch_interval_ms, bool) or not (
+                isinstance(switch_interval_ms, (int, float)) and 0 <= switch_interval_ms <= 5):
+            raise InvalidArgument(f"switch_interval_ms is in [0, 5] (0: leave the interpreter's), "
+                                  f"got {switch_interval_ms!r}")
         st = self._st = StoreState(
             layout, tiers, built, write_policy=write_policy, selective_hits=selective_hits,
             promote_on_hit=promote_on_hit, leases=LeaseTable(lease_ttl_s, clock, metrics),
             bandwidth=BandwidthMeter(bandwidth_alpha), metrics=metrics,
-            prefetch_workers=prefetch_workers)
+            prefetch_workers=prefetch_workers, switch_interval_ms=switch_interval_ms)
         self._room = Room(st, free_reserve)
         self._reads = Reads(st, self._room)
         self._lookups = Lookups(st)

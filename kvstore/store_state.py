@@ -45,6 +45,7 @@ class StoreState:
         bandwidth: BandwidthMeter,
         metrics: Metrics,
         prefetch_workers: int,
+        switch_interval_ms: float,
     ) -> None:
         self.layout = layout
         self.tiers: list[Tier] = list(tiers)
@@ -82,7 +83,7 @@ class StoreState:
         #: lookups, loads and misses per namespace, of the calls that name one (see
         #: :mod:`kvstore.namespace_stats`)
         self.namespace_counts = NamespaceCounters()
-        self.mover = Mover()  # its threads start with its first job
+        self.mover = Mover(switch_interval_ms)  # its threads start with its first job
         self.executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
         self.closed = False
 
