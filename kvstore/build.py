@@ -59,6 +59,7 @@ def build_store(
             prefetch_workers=s.prefetch_workers,
             free_reserve=s.free_reserve,
             switch_interval_ms=s.switch_interval_ms,
+            event_log_events=s.event_log_events,
             metrics=metrics,
         )
     except BaseException:

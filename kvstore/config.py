@@ -46,6 +46,7 @@ from pydantic_settings import (
 )
 
 from kvstore.cleaner import DEFAULT_RESERVE
+from kvstore.event_log import DEFAULT_EVENT_LOG_EVENTS
 from kvstore.mover import DEFAULT_SWITCH_INTERVAL_MS
 from kvstore.errors import ConfigError
 from kvstore.layout import DTYPE_SIZES, KVLayout
@@ -124,6 +125,10 @@ class StoreConfig(Strict):
         "once the store's background threads run, the Python interpreter's thread switch "
         "interval is lowered to this (sys.setswitchinterval; never raised): the longest an "
         "engine's thread waits for the GIL behind the store's bookkeeping; 0 leaves it alone"))
+    event_log_events: int = Field(DEFAULT_EVENT_LOG_EVENTS, ge=0, le=1 << 24, description=(
+        "events the store's event log keeps (every page stored, removed, demoted, with a "
+        "store-wide sequence number): a reader further behind gets a gap and resynchronizes "
+        "from a snapshot; 0 turns the log off"))
 
 
 class ConnectorConfig(Strict):

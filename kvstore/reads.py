@@ -113,6 +113,10 @@ class Reads:
             for k in stale:
                 policy.remove(k)  # a failed check dropped it, a TTL expired it, another deleted it
             self._st.removals += bool(stale)
+            # a local tier drops a page only when its check fails; a shared one's expire (TTL,
+            # the server's own eviction, another node's delete)
+            self._st.record("removed", ti, stale, [],
+                            reason="expired" if tier.shared else "corrupt")
         if stale and self._st.listeners:
             self._st.listeners.emit("removed", tier.name, stale, [None] * len(stale))
         with self._st.lock:
@@ -130,6 +134,7 @@ class Reads:
                 if len(policy) + self._st.claimed[ti] < policy.capacity:
                     meta = tier.meta(k)
                     policy.insert(k, meta.parent if meta else None)
+                    self._st.record("stored", ti, [k], [meta.namespace_id if meta else None])
             if self._st.write_policy == "selective" and ti + 1 < len(self._st.tiers):
                 hits = self._st.hits[ti]
                 for k in hit_keys:

@@ -93,12 +93,16 @@ class Room:
                 deleting = self._st.deleting[ti]
                 if deleting:  # a delete in flight may still remove it: _end_delete decides
                     metas = [m for m in metas if m.key not in deleting]
+            entered = []
             for meta in metas:
                 if meta.key in policy:
                     policy.access(meta.key)
                 elif len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
+                    entered.append(meta)
             self._entered(ti, [m.key for m in metas])
+            self._st.record("stored", ti, [m.key for m in entered],
+                            [m.namespace_id for m in entered])
         if self._st.listeners and metas:
             self._st.listeners.emit("stored", tier.name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])
@@ -203,8 +207,9 @@ class Room:
                     gone.append(k)
             give_up = min(spared, claim)
             self._st.claimed[ti] -= give_up
-            self._st.clean[ti].difference_update(gone)
             spaces = self._st.namespaces_of(tier, gone)
+            self._record_eviction(ti, gone, spaces)
+            self._st.clean[ti].difference_update(gone)
             slow = bool(gone) and self.deletes_slowly(tier)
             if slow:
                 self.begin_delete(ti, gone)
@@ -220,6 +225,30 @@ class Room:
         if self._st.listeners:
             self._st.listeners.emit("removed", tier.name, gone, spaces)
         return claim - give_up
+
+    def _record_eviction(self, ti: int, gone: list[bytes], spaces: list[bytes | None]) -> None:
+        """Log ``gone`` leaving tier ``ti`` (lock held): *moved* (demoted) where the tier
+        below holds its copy -- a local tier's index tells; below a shared tier, the copy that
+        reached it (``clean``) -- else *removed* (evicted)."""
+        st = self._st
+        if st.events is None or not gone:
+            return
+        below = ti + 1 if ti + 1 < len(st.tiers) else None
+        if below is None:
+            there = [False] * len(gone)
+        elif st.tiers[below].shared:
+            clean = st.clean[ti]
+            there = [k in clean for k in gone]
+        else:
+            there = st.tiers[below].contains(gone)
+        spaces = spaces or [None] * len(gone)
+        for moved in (True, False):
+            keys = [k for k, t in zip(gone, there) if t is moved]
+            nss = [n for n, t in zip(spaces, there) if t is moved]
+            if moved:
+                st.record("moved", ti, keys, nss, reason="demoted", to=below)
+            else:
+                st.record("removed", ti, keys, nss, reason="evicted")
 
     @staticmethod
     def deletes_slowly(tier: Tier) -> bool:
@@ -261,6 +290,7 @@ class Room:
             if len(policy) < policy.capacity:  # the tier holds it: the policy has its room
                 meta = tier.meta(k)
                 policy.insert(k, meta.parent if meta else None)
+                self._st.record("stored", ti, [k], [meta.namespace_id if meta else None])
             else:  # never leave a page no policy tracks (not expected: a guard)
                 tier.delete([k])
 
@@ -296,10 +326,14 @@ class Room:
         (write-through copies them down, in the background)."""
         with self._st.lock:
             policy = self._st.policies[ti]
+            entered = []
             for meta in metas:
                 if meta.key not in policy and len(policy) < policy.capacity:
                     policy.insert(meta.key, meta.parent)
+                    entered.append(meta)
             self._entered(ti, [m.key for m in metas])
+            self._st.record("stored", ti, [m.key for m in entered],
+                            [m.namespace_id for m in entered])
         if self._st.listeners:
             self._st.listeners.emit("stored", self._st.tiers[ti].name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])
@@ -322,16 +356,22 @@ class Room:
         removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
         with self._st.lock:
             for ti, tier in enumerate(self._st.tiers):
+                policy = self._st.policies[ti]
+                tracked = [k for k in keys if k in policy] if tier.shared else []
                 for k in keys:
-                    self._st.policies[ti].remove(k)
+                    policy.remove(k)
                     self._st.hits[ti].pop(k, None)
                 self._st.clean[ti].difference_update(keys)
                 if tier.shared:
                     shared.append(tier)
+                    self._st.record("removed", ti, tracked, [], reason="deleted")
                     continue
-                if self._st.listeners:  # which of them it held, and whose they were
+                if self._st.listeners or self._st.events is not None:
+                    # which of them it held, and whose they were
                     held = [k for k, here in zip(keys, tier.contains(keys)) if here]
-                    removed.append((tier.name, held, self._st.namespaces_of(tier, held)))
+                    spaces = self._st.namespaces_of(tier, held)
+                    removed.append((tier.name, held, spaces))
+                    self._st.record("removed", ti, held, spaces, reason="deleted")
                 if self.deletes_slowly(tier):
                     self.begin_delete(ti, keys)
                     slow.append(ti)
@@ -343,8 +383,9 @@ class Room:
         for tier in shared:  # network I/O outside the lock
             n += tier.delete(keys)
             removed.append((tier.name, keys, [None] * len(keys)))
-        for name, gone, spaces in removed:
-            self._st.listeners.emit("removed", name, gone, spaces)
+        if self._st.listeners:
+            for name, gone, spaces in removed:
+                self._st.listeners.emit("removed", name, gone, spaces)
         return n
 
 

@@ -52,6 +52,13 @@ from kvstore.buffers import page_views
 from kvstore.checks import check_count, check_keys, check_metas, check_namespace
 from kvstore.cleaner import DEFAULT_RESERVE, check_reserve
 from kvstore.errors import InvalidArgument
+from kvstore.event_log import (
+    DEFAULT_EVENT_LOG_EVENTS,
+    EventBatch,
+    EventLog,
+    Snapshot,
+    snapshot_events,
+)
 from kvstore.events import Listener
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
@@ -96,6 +103,7 @@ class TieredStore:
         bandwidth_alpha: float = 0.3,
         free_reserve: float = DEFAULT_RESERVE,
         switch_interval_ms: float = DEFAULT_SWITCH_INTERVAL_MS,
+        event_log_events: int = DEFAULT_EVENT_LOG_EVENTS,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -113,6 +121,7 @@ class TieredStore:
             )
         check_count("selective_hits", selective_hits, 1)
         check_count("prefetch_workers", prefetch_workers, 1)
+        check_count("event_log_events", event_log_events, 0)
         specs: Sequence[EvictionPolicy | str] = policies or ["lru"] * len(tiers)
         if len(specs) != len(tiers):
             raise InvalidArgument(f"{len(tiers)} tiers but {len(specs)} policies")
@@ -128,7 +137,8 @@ class TieredStore:
             layout, tiers, built, write_policy=write_policy, selective_hits=selective_hits,
             promote_on_hit=promote_on_hit, leases=LeaseTable(lease_ttl_s, clock, metrics),
             bandwidth=BandwidthMeter(bandwidth_alpha), metrics=metrics,
-            prefetch_workers=prefetch_workers, switch_interval_ms=switch_interval_ms)
+            prefetch_workers=prefetch_workers, switch_interval_ms=switch_interval_ms,
+            event_log_events=event_log_events)
         self._room = Room(st, free_reserve)
         self._reads = Reads(st, self._room)
         self._lookups = Lookups(st)
@@ -392,6 +402,47 @@ class TieredStore:
     def remove_listener(self, listener: Listener) -> None:
         self._st.listeners.remove(listener)
 
+    def read_events(self, cursor: int | None = None, *, limit: int = 1024,
+                    timeout_s: float = 0.0) -> EventBatch:
+        """The store's event log from ``cursor`` (see :mod:`kvstore.event_log`): every change
+        of where a page lives -- stored, removed (evicted, deleted, expired, corrupt), moved
+        (demoted) -- with a store-wide sequence number, at most ``limit`` events, waiting up to
+        ``timeout_s`` for one. ``cursor`` None: from now on (the batch is empty; continue from
+        its ``next_cursor``). A batch with ``gap`` set means events were lost past the log's
+        window: resynchronize from :meth:`event_snapshot`. InvalidArgument when the log is off
+        (``store.event_log_events`` 0) or the cursor is not one the log gave."""
+        self._st.check_open()
+        log = self._event_log()
+        if cursor is None:
+            return EventBatch((), log.head, False)
+        return log.read(cursor, limit=limit, timeout_s=timeout_s)
+
+    def event_snapshot(self) -> Snapshot:
+        """The store's contents as "stored" events (per tier and namespace), and the cursor
+        from which :meth:`read_events` goes on, taken in one hold of the store lock: every
+        event at or after that cursor happened after the snapshot. A shared tier's pages are
+        those this store tracks there (others' writes show up as they are read), with no
+        namespace (asking the server would be I/O under the lock)."""
+        self._st.check_open()
+        log = self._event_log()
+        with self._st.lock:
+            contents: dict[str, list[tuple[bytes, bytes | None]]] = {}
+            for ti, (tier, policy) in enumerate(zip(self.tiers, self.policies)):
+                keys = [*cast("list[bytes]", list(policy)), *self._st.retiring[ti]]
+                if tier.shared:
+                    contents[tier.name] = [(k, None) for k in keys]
+                else:
+                    contents[tier.name] = [
+                        (k, m.namespace_id if (m := tier.meta(k)) is not None else None)
+                        for k in keys]
+            return snapshot_events(contents, log.head, time.time())
+
+    def _event_log(self) -> EventLog:
+        if self._st.events is None:
+            raise InvalidArgument("the store's event log is off",
+                                  hint="set store.event_log_events above 0")
+        return self._st.events
+
     def namespace_of(self, key: bytes) -> bytes | None:
         """The namespace a local tier holds ``key`` under, or None (shared tiers are not asked:
         that would be a network call)."""
@@ -502,6 +553,8 @@ class TieredStore:
             if isinstance(t, OwnedPool):
                 t.attach(None)
             t.close()
+        if self._st.events is not None:  # last: wakes readers waiting on it
+            self._st.events.close()
 
     def __enter__(self) -> TieredStore:
         return self

@@ -21,6 +21,7 @@ import numpy as np
 from kvstore.bandwidth import BandwidthMeter
 from kvstore.buffers import aligned_pages
 from kvstore.errors import InvalidArgument, StoreClosed
+from kvstore.event_log import EventKind, EventLog
 from kvstore.events import Listeners
 from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
@@ -46,6 +47,7 @@ class StoreState:
         metrics: Metrics,
         prefetch_workers: int,
         switch_interval_ms: float,
+        event_log_events: int,
     ) -> None:
         self.layout = layout
         self.tiers: list[Tier] = list(tiers)
@@ -59,6 +61,9 @@ class StoreState:
         self.bw = bandwidth
         self.lock = threading.RLock()
         self.listeners = Listeners()
+        #: every change of where a page lives, with a store-wide sequence number (None: off);
+        #: appended under ``lock``, so a snapshot taken under it lines up with the log's head
+        self.events: EventLog | None = EventLog(event_log_events) if event_log_events else None
         #: each tier's hit counts of ``selective`` (a page copied down at selective_hits)
         self.hits: list[dict[bytes, int]] = [{} for _ in tiers]
         #: room claimed by writers that have not published yet
@@ -117,10 +122,26 @@ class StoreState:
         self.bw.sample(tier.name, sum(found) * self.layout.page_bytes, time.perf_counter() - t0)
         return found
 
+    def record(self, kind: EventKind, ti: int, keys: Sequence[bytes],
+               namespace_ids: Sequence[bytes | None], *, reason: str | None = None,
+               to: int | None = None) -> None:
+        """Append an event about tier ``ti`` to the event log (lock held; nothing when the log
+        is off or ``keys`` is empty). ``to``: a move's destination tier."""
+        if self.events is not None and keys:
+            if len(namespace_ids) != len(keys):
+                namespace_ids = [None] * len(keys)
+            try:
+                self.events.append(kind, self.tiers[ti].name, keys, namespace_ids,
+                                   reason=reason,
+                                   to_tier=None if to is None else self.tiers[to].name)
+            except StoreClosed:
+                pass  # a background job ending after close(): nobody reads the log any more
+
     def namespaces_of(self, tier: Tier, keys: Sequence[bytes]) -> list[bytes | None]:
-        """The namespace of each of ``keys`` in ``tier`` when someone listens and the tier can
-        tell cheaply (not a shared tier: that would be a network call)."""
-        if not self.listeners or not keys:
+        """The namespace of each of ``keys`` in ``tier`` when someone listens or the event log
+        is on, and the tier can tell cheaply (not a shared tier: that would be a network
+        call)."""
+        if not (self.listeners or self.events is not None) or not keys:
             return []
         if tier.shared:
             return [None] * len(keys)
