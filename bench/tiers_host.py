@@ -10,6 +10,9 @@ Pages of 2 MiB (Llama-3-8B: 32 layers, 8 KV heads of 128, 16-token blocks, bf16)
 * ``LMCache LocalCPUBackend`` (``bench.lmcache_peer``) — its own allocator, a ``tensor.copy_``
   per page in and out (one torch thread), its put task and blocking get; left out, with the reason printed, where
   LMCache is not installed;
+* ``store, event log on`` — the same puts and gets through a ``TieredStore`` over a host tier,
+  with its event log (every page stored or removed, appended under the store lock), against
+  the same store with the log off (``event_log_events`` 0): what the log costs;
 * the baseline — one ``np.copyto`` of each batch between the same source (destination) pages
   and memory of the same kind and size as the tier's slab: an anonymous mapping advised
   ``MADV_HUGEPAGE``, each batch at its own offset (a buffer reused batch after batch would stay
@@ -32,13 +35,16 @@ import numpy as np
 from tqdm import tqdm
 
 from bench import lmcache_peer
-from kvstore import KVLayout, Namespace, build_tier
+from kvstore import KVLayout, Namespace, TieredStore, build_tier
+from kvstore.config import StoreConfig
 from kvstore.buffers import hugepage_buffer
 from kvstore.ops import copy_choice
 
 SIZES = (("2MiB", 32), ("256KiB", 4))
 BATCHES = (16, 64)
 BASELINE = "memcpy of the same bytes (np.copyto, huge-page memory)"
+#: the store over the tier, with its event log (the default) and without (``event_log_events`` 0)
+LOG_ON, LOG_OFF = "store, event log on", "store, event log off"
 
 
 def measure(args: Any) -> list[dict]:
@@ -76,14 +82,8 @@ def _measure(layout: KVLayout, label: str, batch: int, *, quick: bool, peer: boo
     puts: dict[str, Callable[[], None]] = {}
     gets: dict[str, Callable[[], None]] = {}
 
-    def put_all() -> None:
-        for i in spans:
-            tier.delete(chain.keys[i : i + batch])
-            tier.write(metas[i : i + batch], src_views[i : i + batch])
-
-    def get_all() -> None:
-        for i in spans:
-            tier.read(ns.id, chain.keys[i : i + batch], dst_views[i : i + batch])
+    put_all, get_all = _batched(tier.delete, tier.write, tier.read, ns, chain, metas, src_views,
+                                dst_views, spans, batch)
 
     def copy_in() -> None:
         for i in spans:
@@ -95,6 +95,13 @@ def _measure(layout: KVLayout, label: str, batch: int, *, quick: bool, peer: boo
 
     puts.update(kvstore=put_all, baseline=copy_in)
     gets.update(kvstore=get_all, baseline=copy_out)
+    # the same pages through a store over the tier, its event log on (the default) and off
+    stores = {name: TieredStore(layout, [build_tier({"kind": "host", "capacity": n_pages * page},
+                                                   layout)], event_log_events=events)
+              for name, events in ((LOG_ON, StoreConfig().event_log_events), (LOG_OFF, 0))}
+    for name, store in stores.items():
+        puts[name], gets[name] = _batched(store.delete, store.put, store.get, ns, chain, metas,
+                                          src_views, dst_views, spans, batch)
     lmc = None
     if peer:
         import torch
@@ -131,15 +138,19 @@ def _measure(layout: KVLayout, label: str, batch: int, *, quick: bool, peer: boo
     finally:
         if lmc is not None:
             lmc.close()
+        for store in stores.values():
+            store.close()
     gb = n_pages * page / 1e9
     lines: list[dict] = []
     for direction, times in (("put", t_put), ("get", t_get)):
         case = f"host/{direction} {label}"
         base = gb / times["baseline"]
         for name in times:
-            if name != "baseline":
+            if name not in ("baseline", LOG_ON, LOG_OFF):
                 lines.append({"case": case, "variant": name, "value": gb / times[name],
                               "baseline": BASELINE, "baseline_value": base})
+        lines.append({"case": case, "variant": LOG_ON, "value": gb / times[LOG_ON],
+                      "baseline": LOG_OFF, "baseline_value": gb / times[LOG_OFF]})
         if lmcache_peer.HOST_VARIANT in times:
             peer_line = lmcache_peer.peer_line(
                 "tiers", case, gb / times["kvstore"], gb / times[lmcache_peer.HOST_VARIANT]
@@ -147,6 +158,25 @@ def _measure(layout: KVLayout, label: str, batch: int, *, quick: bool, peer: boo
             lines.append(peer_line)
     return lines
 
+
+
+def _batched(delete: Callable[..., Any], write: Callable[..., Any], read: Callable[..., Any],
+             ns: Namespace, chain: Any, metas: list[Any], src_views: list[np.ndarray],
+             dst_views: list[np.ndarray], spans: range, batch: int
+             ) -> tuple[Callable[[], None], Callable[[], None]]:
+    """put and get of every page, a batch at a time, through a tier's or a store's calls (a
+    put deletes its batch first: every round writes)."""
+
+    def put() -> None:
+        for i in spans:
+            delete(chain.keys[i : i + batch])
+            write(metas[i : i + batch], src_views[i : i + batch])
+
+    def get() -> None:
+        for i in spans:
+            read(ns.id, chain.keys[i : i + batch], dst_views[i : i + batch])
+
+    return put, get
 
 
 def _best_interleaved(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:

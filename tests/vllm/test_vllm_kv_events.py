@@ -1,0 +1,62 @@
+"""A router that consumes vLLM's KV events consumes ours unchanged: every message our publisher
+sends decodes with vLLM's own classes (``vllm.distributed.kv_events``), and says what happened
+to the store -- pages stored in host, demoted to disk, deleted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+from vllm.distributed.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
+
+from server.vllm_events import VllmEventPublisher
+from tests.vllm_events_wire import (
+    HOST_PAGES,
+    NS,
+    drain,
+    first_message,
+    pages,
+    store_at,
+    subscriber,
+)
+
+
+def test_vllm_decodes_our_events_and_they_tell_where_pages_went(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    pub = VllmEventPublisher(store, f"ipc://{tmp_path}/kv-events", topic="kv")
+    sub = subscriber(pub.endpoint)
+    decode = msgspec.msgpack.Decoder(type=KVEventBatch).decode
+    try:
+        first = first_message(store, sub)
+        assert first is not None and first[0] == b"kv" and len(first[1]) == 8
+        drain(sub)
+        chain = NS.chain(list(range(4 * (HOST_PAGES + 2))))  # two more than host holds
+        store.put(chain.metas(), pages(HOST_PAGES + 2))
+        store.drain()
+        store.delete([chain.keys[-1]])
+        msgs = drain(sub)
+        seqs = [int.from_bytes(m[1], "big") for m in [first, *msgs]]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        events = [ev for m in msgs for ev in decode(m[2]).events]
+        ours = set(chain.keys)
+        stored = {(e.ownership, e.medium, k) for e in events if isinstance(e, BlockStored)
+                  for k in e.block_hashes if k in ours}
+        removed = [(e.ownership, e.medium, k) for e in events if isinstance(e, BlockRemoved)
+                   for k in e.block_hashes if k in ours]
+        assert {k for o, med, k in stored if (o, med) == ("host", "CPU")} == ours
+        demoted = {k for o, med, k in stored if (o, med) == ("disk", "STORAGE")}
+        assert len(demoted) == 2  # written back on eviction: stored on disk, removed from host
+        assert {k for o, _, k in removed if o == "host"} >= demoted
+        assert ("host", "CPU", chain.keys[-1]) in removed  # the delete
+        assert all(e.token_ids == [] and e.block_size == 4 for e in events
+                   if isinstance(e, BlockStored))  # no prompt tokens leave the store
+        assert not any(isinstance(e, AllBlocksCleared) for e in events)
+    finally:
+        sub.close(linger=0)
+        pub.close()
+        store.close()
