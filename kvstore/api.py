@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from kvstore.event_log import EventBatch, Snapshot
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
@@ -142,6 +143,21 @@ class StoreAPI(Protocol):
 
     def delete(self, keys: Sequence[bytes], *, namespace_id: bytes | None = None) -> int:
         """Remove ``keys`` from every tier; returns how many were held."""
+
+    # ---------------------------------------------------------------- events
+
+    def read_events(self, cursor: int | None = None, *, limit: int = 1024,
+                    timeout_s: float = 0.0, epoch: bytes | None = None,
+                    namespace_id: bytes | None = None) -> EventBatch:
+        """The store's event log (:mod:`kvstore.event_log`) from ``cursor`` (None: from now
+        on): every page stored, removed, moved, each with its sequence number, waiting up to
+        ``timeout_s`` for one. ``gap``: events were lost (past the log's window, or ``epoch``
+        is another log's): resynchronize from :meth:`event_snapshot`. ``namespace_id``: only
+        that namespace's keys (the daemon serves a client its namespace's only)."""
+
+    def event_snapshot(self, *, namespace_id: bytes | None = None) -> Snapshot:
+        """The contents as "stored" events and the cursor :meth:`read_events` goes on from:
+        every event at or after it happened after the snapshot."""
 
     # ---------------------------------------------------------------- accounting
 

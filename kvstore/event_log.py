@@ -26,10 +26,11 @@ What the kinds mean, for a consumer that mirrors the store::
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, cast, get_args
 
 from kvstore.errors import InvalidArgument, StoreClosed
@@ -88,6 +89,8 @@ class EventBatch:
     next_cursor: int
     gap: bool
     closed: bool = False
+    #: the log's epoch: its cursors mean nothing to another log (a restarted store's)
+    epoch: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class Snapshot:
     cursor: int
     #: the contents as "stored" events (seq 0, one or more per (tier, namespace) group)
     events: tuple[CacheEvent, ...]
+    #: the epoch of the log ``cursor`` belongs to
+    epoch: bytes = b""
 
 
 class EventLog:
@@ -118,6 +123,9 @@ class EventLog:
         self._waiters = 0   # readers blocked in read(); append notifies only when > 0
         self._dropped = 0
         self._closed = False
+        #: random per log: a cursor read against another log (a restarted store's, whose
+        #: sequence numbers start again at 1) is a gap, never a silent misreading
+        self.epoch = os.urandom(8)
 
     @property
     def capacity(self) -> int:
@@ -172,8 +180,10 @@ class EventLog:
                 self._cond.notify_all()
         return seq
 
-    def read(self, cursor: int, *, limit: int = 1024, timeout_s: float = 0.0) -> EventBatch:
+    def read(self, cursor: int, *, limit: int = 1024, timeout_s: float = 0.0,
+             epoch: bytes | None = None) -> EventBatch:
         """The events with ``seq >= cursor``, at most ``limit``, in order (see EventBatch).
+        ``epoch``: the epoch the cursor came with; another log's is a gap at once.
 
         With none yet and ``timeout_s > 0``, waits up to ``timeout_s`` for one (``close()`` ends
         the wait). A gap is reported at once, never waited for. Raises InvalidArgument for
@@ -184,6 +194,8 @@ class EventLog:
         if timeout_s < 0:
             raise InvalidArgument(f"read timeout_s must be >= 0, got {timeout_s}")
         with self._lock:
+            if epoch is not None and epoch != self.epoch:
+                return EventBatch((), self._head - self._size, True, self._closed, self.epoch)
             if cursor < 1 or cursor > self._head:
                 raise InvalidArgument(
                     f"cursor {cursor} is outside [1, head={self._head}]",
@@ -201,7 +213,7 @@ class EventLog:
                     self._waiters -= 1
             oldest = self._head - self._size
             if cursor < oldest:  # seqs 1..oldest-1 all existed: [cursor, oldest) were dropped
-                return EventBatch((), oldest, True, self._closed)
+                return EventBatch((), oldest, True, self._closed, self.epoch)
             n = min(limit, self._head - cursor)
             # slot of seq s is (s - 1) % capacity; the n slots from `start` may wrap once
             start = (cursor - 1) % self._capacity
@@ -212,7 +224,7 @@ class EventLog:
                 chunk = self._ring[start:] + self._ring[:end - self._capacity]
             # every slot in [oldest, head) holds its event: None only before the first lap
             events = cast("tuple[CacheEvent, ...]", tuple(chunk))
-            return EventBatch(events, cursor + n, False, self._closed)
+            return EventBatch(events, cursor + n, False, self._closed, self.epoch)
 
     def close(self) -> None:
         """Wake every waiting reader; later appends raise StoreClosed, reads return what is
@@ -261,8 +273,22 @@ def _validate(kind: str, tier: str, keys: tuple[bytes, ...],
                               f"on a {kind!r} event")
 
 
+def only_namespace(ev: CacheEvent, namespace_id: bytes) -> CacheEvent | None:
+    """``ev`` narrowed to the keys of ``namespace_id`` (None when it has none of them): what a
+    tenant may see. A ``cleared`` event of every namespace, or of this one, stays whole."""
+    if ev.kind == "cleared":
+        return ev if ev.namespace_id in (None, namespace_id) else None
+    idx = [i for i, n in enumerate(ev.namespace_ids) if n == namespace_id]
+    if len(idx) == len(ev.keys):
+        return ev
+    if not idx:
+        return None
+    return replace(ev, keys=tuple(ev.keys[i] for i in idx),
+                   namespace_ids=tuple(ev.namespace_ids[i] for i in idx))
+
+
 def snapshot_events(contents: Mapping[str, Iterable[tuple[bytes, bytes | None]]], cursor: int,
-                    at: float) -> Snapshot:
+                    at: float, epoch: bytes = b"") -> Snapshot:
     """Describe ``contents`` (tier -> (key, namespace_id) pairs) as "stored" events with seq 0:
     one per (tier, namespace) group, split into chunks of at most SNAPSHOT_CHUNK_KEYS keys, in
     the order tiers and namespaces first appear. The caller takes ``contents`` and
@@ -279,8 +305,8 @@ def snapshot_events(contents: Mapping[str, Iterable[tuple[bytes, bytes | None]]]
             for i in range(0, len(keys), SNAPSHOT_CHUNK_KEYS):
                 chunk = tuple(keys[i:i + SNAPSHOT_CHUNK_KEYS])
                 events.append(CacheEvent(0, at, "stored", tier, chunk, (ns,) * len(chunk)))
-    return Snapshot(cursor, tuple(events))
+    return Snapshot(cursor, tuple(events), epoch)
 
 
 __all__ = ["DEFAULT_EVENT_LOG_EVENTS", "SNAPSHOT_CHUNK_KEYS", "CacheEvent", "EventBatch", "EventKind", "EventLog",
-           "MoveReason", "RemoveReason", "Snapshot", "snapshot_events"]
+           "MoveReason", "RemoveReason", "Snapshot", "only_namespace", "snapshot_events"]

@@ -11,11 +11,16 @@ others see each event applied whole (a batch read by ``follow`` is applied under
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from kvstore.errors import KVStoreError, StoreClosed
 from kvstore.event_log import CacheEvent, EventBatch, Snapshot
+
+log = logging.getLogger("kvstore.events")
 
 #: key -> {tier: namespace_id (None: not known)}
 _NodeMap = dict[bytes, dict[str, bytes | None]]
@@ -99,26 +104,36 @@ class Indexer:
         matches.sort(key=lambda m: (-m.length, m.node))
         return matches
 
-    def follow(self, node: str, read: Callable[[int, float], EventBatch],
-               snapshot: Callable[[], Snapshot], *, stop: threading.Event,
-               timeout_s: float = 0.5) -> None:
-        """Mirror ``node`` until ``stop`` is set or its log closes (run it on a thread).
+    def follow(self, node: str, source: EventSource, *, stop: threading.Event,
+               timeout_s: float = 0.5, namespace_id: bytes | None = None) -> None:
+        """Mirror ``node`` -- a store, in process or a daemon's client (any
+        :class:`EventSource`) -- until ``stop`` is set or its log closes (run it on a thread).
 
-        Starts from ``snapshot()``, then applies ``read(cursor, timeout_s)`` batches in order; on a
-        gap, takes a fresh snapshot and continues from its cursor. Events with seq below the
-        current snapshot's cursor are never applied (the snapshot holds them). ``stop`` is seen
-        within about ``timeout_s``. An exception from ``read`` or ``snapshot`` propagates and ends
-        the loop; what is known about the node is kept (``forget`` drops it).
-        """
-        snap = snapshot()
-        self.apply_snapshot(node, snap)
-        cursor = snap.cursor
+        Starts from ``source.event_snapshot()``, then applies ``read_events`` batches in order
+        from its cursor and epoch; on a gap (the log's window passed, or the node restarted
+        with a new log), takes a fresh snapshot and goes on from there. Events with seq below
+        the current snapshot's cursor are never applied (the snapshot holds them). A node that
+        does not answer (a daemon restarting) is asked again every ``timeout_s``, what is known
+        about it kept meanwhile; ``stop`` is seen within about ``timeout_s``."""
+        snap: Snapshot | None = None
+        cursor, epoch = 0, b""
         while not stop.is_set():
-            batch = read(cursor, timeout_s)
+            try:
+                if snap is None:
+                    snap = source.event_snapshot(namespace_id=namespace_id)
+                    self.apply_snapshot(node, snap)
+                    cursor, epoch = snap.cursor, snap.epoch
+                batch = source.read_events(cursor, timeout_s=timeout_s, epoch=epoch or None,
+                                           namespace_id=namespace_id)
+            except StoreClosed:
+                return
+            except KVStoreError:  # unreachable for now: ask again, from a snapshot
+                log.debug("indexer: node %s did not answer", node, exc_info=True)
+                snap = None
+                stop.wait(timeout_s)
+                continue
             if batch.gap:
-                snap = snapshot()
-                self.apply_snapshot(node, snap)
-                cursor = snap.cursor
+                snap = None
                 continue
             if batch.events:
                 with self._lock:
@@ -129,6 +144,16 @@ class Indexer:
                 cursor = max(cursor, batch.next_cursor)
             elif batch.closed:
                 return
+
+
+class EventSource(Protocol):
+    """What :meth:`Indexer.follow` reads: the event half of :class:`kvstore.StoreAPI`."""
+
+    def read_events(self, cursor: int | None = None, *, limit: int = 1024,
+                    timeout_s: float = 0.0, epoch: bytes | None = None,
+                    namespace_id: bytes | None = None) -> EventBatch: ...
+
+    def event_snapshot(self, *, namespace_id: bytes | None = None) -> Snapshot: ...
 
 
 def _apply(entries: _NodeMap, event: CacheEvent) -> None:
@@ -170,4 +195,4 @@ def _drop(entries: _NodeMap, key: bytes, tier: str) -> bytes | None:
     return ns
 
 
-__all__ = ["Indexer", "Match"]
+__all__ = ["EventSource", "Indexer", "Match"]

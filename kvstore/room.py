@@ -348,9 +348,10 @@ class Room:
             return 0
         return max(0, before - self._st.tiers[ti].used_pages)
 
-    def delete(self, keys: list[bytes]) -> int:
+    def delete(self, keys: list[bytes], namespace_id: bytes | None = None) -> int:
         """Remove ``keys`` (checked) from every tier: untracked under the lock, deleted outside
-        it where that is I/O. Returns how many tier copies were deleted."""
+        it where that is I/O. Returns how many tier copies were deleted. ``namespace_id``: the
+        caller's (checked against local tiers): a shared tier's removals carry it."""
         n = 0
         shared, slow = [], []
         removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
@@ -364,7 +365,8 @@ class Room:
                 self._st.clean[ti].difference_update(keys)
                 if tier.shared:
                     shared.append(tier)
-                    self._st.record("removed", ti, tracked, [], reason="deleted")
+                    self._st.record("removed", ti, tracked, [namespace_id] * len(tracked),
+                                    reason="deleted")
                     continue
                 if self._st.listeners or self._st.events is not None:
                     # which of them it held, and whose they were

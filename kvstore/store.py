@@ -42,6 +42,7 @@ write back on their own threads.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal, cast
@@ -57,6 +58,7 @@ from kvstore.event_log import (
     EventBatch,
     EventLog,
     Snapshot,
+    only_namespace,
     snapshot_events,
 )
 from kvstore.events import Listener
@@ -391,7 +393,7 @@ class TieredStore:
                 if holder is not None and holder != namespace_id:
                     raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
                                           "nothing was deleted")
-        return self._room.delete(keys)
+        return self._room.delete(keys, namespace_id)
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(StoreEvent)`` for every page stored in or removed from a tier (see
@@ -403,26 +405,35 @@ class TieredStore:
         self._st.listeners.remove(listener)
 
     def read_events(self, cursor: int | None = None, *, limit: int = 1024,
-                    timeout_s: float = 0.0) -> EventBatch:
+                    timeout_s: float = 0.0, epoch: bytes | None = None,
+                    namespace_id: bytes | None = None) -> EventBatch:
         """The store's event log from ``cursor`` (see :mod:`kvstore.event_log`): every change
         of where a page lives -- stored, removed (evicted, deleted, expired, corrupt), moved
         (demoted) -- with a store-wide sequence number, at most ``limit`` events, waiting up to
         ``timeout_s`` for one. ``cursor`` None: from now on (the batch is empty; continue from
         its ``next_cursor``). A batch with ``gap`` set means events were lost past the log's
-        window: resynchronize from :meth:`event_snapshot`. InvalidArgument when the log is off
-        (``store.event_log_events`` 0) or the cursor is not one the log gave."""
+        window: resynchronize from :meth:`event_snapshot`. ``epoch``: the batch's (or
+        snapshot's) epoch the cursor came with -- a cursor of another log (a restarted
+        daemon's) is a gap. ``namespace_id``: only that namespace's keys (events left with none
+        are dropped from the batch; the cursor still advances past them). InvalidArgument when
+        the log is off (``store.event_log_events`` 0) or the cursor is not one the log gave."""
         self._st.check_open()
         log = self._event_log()
         if cursor is None:
-            return EventBatch((), log.head, False)
-        return log.read(cursor, limit=limit, timeout_s=timeout_s)
+            return EventBatch((), log.head, False, epoch=log.epoch)
+        batch = log.read(cursor, limit=limit, timeout_s=timeout_s, epoch=epoch)
+        if namespace_id is None or not batch.events:
+            return batch
+        return replace(batch, events=tuple(filter(None, (
+            only_namespace(ev, namespace_id) for ev in batch.events))))
 
-    def event_snapshot(self) -> Snapshot:
+    def event_snapshot(self, *, namespace_id: bytes | None = None) -> Snapshot:
         """The store's contents as "stored" events (per tier and namespace), and the cursor
         from which :meth:`read_events` goes on, taken in one hold of the store lock: every
         event at or after that cursor happened after the snapshot. A shared tier's pages are
         those this store tracks there (others' writes show up as they are read), with no
-        namespace (asking the server would be I/O under the lock)."""
+        namespace (asking the server would be I/O under the lock). ``namespace_id``: only
+        that namespace's pages."""
         self._st.check_open()
         log = self._event_log()
         with self._st.lock:
@@ -435,7 +446,11 @@ class TieredStore:
                     contents[tier.name] = [
                         (k, m.namespace_id if (m := tier.meta(k)) is not None else None)
                         for k in keys]
-            return snapshot_events(contents, log.head, time.time())
+            snap = snapshot_events(contents, log.head, time.time(), log.epoch)
+        if namespace_id is None:
+            return snap
+        return replace(snap, events=tuple(filter(None, (
+            only_namespace(ev, namespace_id) for ev in snap.events))))
 
     def _event_log(self) -> EventLog:
         if self._st.events is None:

@@ -47,12 +47,14 @@ from connector.daemon.session import Session
 from connector.daemon.session_memory import SessionMemory
 from connector.daemon.stats import DaemonStats, DaemonTierStats
 from connector.daemon.views import DaemonNamespace, RemoteTier
+from connector.daemon.wire_events import events_from_wire
 from connector.daemon.wire_pages import WirePages
 from connector.proto import kvstore_daemon_pb2 as pb
 from kvstore.checks import check_keys
 from kvstore.api import StoreAPI
 from kvstore.buffers import page_views
 from kvstore.errors import InvalidArgument, LeaseError, QuotaExceeded
+from kvstore.event_log import EventBatch, Snapshot
 from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
@@ -474,6 +476,25 @@ class DaemonStore:
         r = self._session.call("Delete", pb.DeleteRequest(namespace_id=self._ns(namespace_id),
                                                   keys=list(keys)))
         return int(r.deleted)
+
+    def read_events(self, cursor: int | None = None, *, limit: int = 1024,
+                    timeout_s: float = 0.0, epoch: bytes | None = None,
+                    namespace_id: bytes | None = None) -> EventBatch:
+        """As :meth:`TieredStore.read_events`, for one namespace (the default one): the
+        daemon's log, whose epoch changes when the daemon restarts (an older cursor is then a
+        gap). The daemon waits at most a second per call (``timeout_s`` beyond is cut)."""
+        ns = self._ns(namespace_id)
+        r = self._session.call("ReadEvents", pb.ReadEventsRequest(
+            namespace_id=ns, cursor=cursor or 0, epoch=epoch or b"", limit=limit,
+            timeout_s=timeout_s), timeout_s=self._session.timeout_s + timeout_s)
+        return EventBatch(events_from_wire(r.events, ns), r.next_cursor, r.gap, r.closed,
+                          r.epoch)
+
+    def event_snapshot(self, *, namespace_id: bytes | None = None) -> Snapshot:
+        """As :meth:`TieredStore.event_snapshot`, for one namespace (the default one)."""
+        ns = self._ns(namespace_id)
+        r = self._session.call("EventSnapshot", pb.EventSnapshotRequest(namespace_id=ns))
+        return Snapshot(r.cursor, events_from_wire(r.events, ns), r.epoch)
 
     def stats(self, *, check_integrity: bool = False) -> DaemonStats:
         r = self._session.call("Stats", pb.StatsRequest(check_integrity=check_integrity))

@@ -363,6 +363,70 @@ class CacheEvent(_message.Message):
     dropped_before: int
     def __init__(self, kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., dropped_before: _Optional[int] = ...) -> None: ...
 
+class ReadEventsRequest(_message.Message):
+    __slots__ = ("namespace_id", "cursor", "epoch", "limit", "timeout_s")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    cursor: int
+    epoch: bytes
+    limit: int
+    timeout_s: float
+    def __init__(self, namespace_id: _Optional[bytes] = ..., cursor: _Optional[int] = ..., epoch: _Optional[bytes] = ..., limit: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class LogEvent(_message.Message):
+    __slots__ = ("seq", "at", "kind", "tier", "keys", "reason", "to_tier", "all_namespaces")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TO_TIER_FIELD_NUMBER: _ClassVar[int]
+    ALL_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    at: float
+    kind: str
+    tier: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    reason: str
+    to_tier: str
+    all_namespaces: bool
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., reason: _Optional[str] = ..., to_tier: _Optional[str] = ..., all_namespaces: _Optional[bool] = ...) -> None: ...
+
+class EventBatchReply(_message.Message):
+    __slots__ = ("events", "next_cursor", "gap", "closed", "epoch")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    GAP_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[LogEvent]
+    next_cursor: int
+    gap: bool
+    closed: bool
+    epoch: bytes
+    def __init__(self, events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ..., next_cursor: _Optional[int] = ..., gap: _Optional[bool] = ..., closed: _Optional[bool] = ..., epoch: _Optional[bytes] = ...) -> None: ...
+
+class EventSnapshotRequest(_message.Message):
+    __slots__ = ("namespace_id",)
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class EventSnapshotReply(_message.Message):
+    __slots__ = ("cursor", "events", "epoch")
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    cursor: int
+    events: _containers.RepeatedCompositeFieldContainer[LogEvent]
+    epoch: bytes
+    def __init__(self, cursor: _Optional[int] = ..., events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ..., epoch: _Optional[bytes] = ...) -> None: ...
+
 class ReadPagesRequest(_message.Message):
     __slots__ = ("namespace_id", "keys")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]

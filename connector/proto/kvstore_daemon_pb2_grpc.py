@@ -124,6 +124,16 @@ class KVStoreDaemonStub:
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.WatchRequest.SerializeToString,
                 response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.CacheEvent.FromString,
                 _registered_method=True)
+        self.ReadEvents = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/ReadEvents',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.ReadEventsRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventBatchReply.FromString,
+                _registered_method=True)
+        self.EventSnapshot = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/EventSnapshot',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotReply.FromString,
+                _registered_method=True)
         self.ReadPages = channel.unary_stream(
                 '/kvstore.daemon.v1.KVStoreDaemon/ReadPages',
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.ReadPagesRequest.SerializeToString,
@@ -251,6 +261,18 @@ class KVStoreDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadPages(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -355,6 +377,16 @@ def add_KVStoreDaemonServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.WatchRequest.FromString,
                     response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.CacheEvent.SerializeToString,
+            ),
+            'ReadEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadEvents,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.ReadEventsRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventBatchReply.SerializeToString,
+            ),
+            'EventSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventSnapshot,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotReply.SerializeToString,
             ),
             'ReadPages': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadPages,
@@ -853,6 +885,60 @@ class KVStoreDaemon:
             '/kvstore.daemon.v1.KVStoreDaemon/WatchEvents',
             connector_dot_proto_dot_kvstore__daemon__pb2.WatchRequest.SerializeToString,
             connector_dot_proto_dot_kvstore__daemon__pb2.CacheEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/ReadEvents',
+            connector_dot_proto_dot_kvstore__daemon__pb2.ReadEventsRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.EventBatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/EventSnapshot',
+            connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotReply.FromString,
             options,
             channel_credentials,
             insecure,

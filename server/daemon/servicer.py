@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 
 from connector.daemon.errors import message_of, status_of
+from connector.daemon.wire_events import events_to_wire
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.errors import InvalidArgument, KVStoreError, QuotaExceeded
@@ -30,6 +31,10 @@ log = logging.getLogger("kvstore.daemon")
 F = TypeVar("F", bound=Callable[..., Any])
 #: the longest a server stream waits between checks that its client is still there
 _POLL_S = 0.5
+#: the longest a ReadEvents call waits for an event (a client asks again), and the most events
+#: one reply carries
+_EVENTS_WAIT_S = 1.0
+_EVENTS_LIMIT = 4096
 
 
 #: the unary methods by name, undecorated: what the local lane calls (see Servicer.answer)
@@ -361,6 +366,34 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         finally:
             hub.unwatch(watcher)
             self._unwatched()
+
+    @_unary
+    def ReadEvents(self, request: Any, context: grpc.ServicerContext) -> Any:
+        ns = check_namespace(request.namespace_id)
+        wait = min(float(request.timeout_s), _EVENTS_WAIT_S)
+        if wait > 0:  # a waiting read holds a handler thread: within the watchers' budget
+            with self._streams_lock:
+                if self._watchers >= self.max_watchers:
+                    wait = 0.0
+                else:
+                    self._watchers += 1
+        try:
+            batch = self.service.store.read_events(
+                request.cursor or None, limit=max(1, min(request.limit or 1024, _EVENTS_LIMIT)),
+                timeout_s=wait, epoch=request.epoch or None, namespace_id=ns)
+        finally:
+            if wait > 0:
+                self._unwatched()
+        return pb.EventBatchReply(events=events_to_wire(batch.events),
+                                  next_cursor=batch.next_cursor, gap=batch.gap,
+                                  closed=batch.closed, epoch=batch.epoch)
+
+    @_unary
+    def EventSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        snap = self.service.store.event_snapshot(
+            namespace_id=check_namespace(request.namespace_id))
+        return pb.EventSnapshotReply(cursor=snap.cursor, events=events_to_wire(snap.events),
+                                     epoch=snap.epoch)
 
     def _unwatched(self) -> None:
         with self._streams_lock:

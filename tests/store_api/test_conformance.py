@@ -297,3 +297,31 @@ def test_open_saves_are_counted_until_they_end(store: Any) -> None:
     store.abort(b)
     assert store.open_store_handles == 0
     store.check_integrity()
+
+
+def test_the_event_log_tells_a_namespace_its_own_pages_in_order(store: Any) -> None:
+    """read_events / event_snapshot: a save is a stored event of its keys, a delete a removed
+    one (reason deleted), with contiguous sequence numbers; another namespace's pages never
+    show; a snapshot holds the namespace's pages and the cursor to go on from; a cursor of
+    another log is a gap."""
+    a, b = _ns("events-a"), _ns("events-b")
+    start = store.read_events(namespace_id=a.id)
+    assert start.events == () and not start.gap and start.epoch
+    _save(store, a, TOKENS)
+    _save(store, b, TOKENS)  # b's pages: not a's business
+    keys = a.chain(TOKENS).keys
+    store.delete([keys[-1]], namespace_id=a.id)
+    batch = store.read_events(start.next_cursor, limit=100, timeout_s=1.0, epoch=start.epoch,
+                              namespace_id=a.id)
+    assert not batch.gap
+    stored = [k for e in batch.events if e.kind == "stored" for k in e.keys]
+    assert stored == list(keys)
+    (gone,) = [e for e in batch.events if e.kind == "removed"]
+    assert (gone.reason, gone.keys, gone.namespace_ids) == ("deleted", (keys[-1],), (a.id,))
+    seqs = [e.seq for e in batch.events]
+    assert seqs == sorted(seqs) and seqs[0] >= start.next_cursor
+    assert all(n == a.id for e in batch.events for n in e.namespace_ids)
+    snap = store.event_snapshot(namespace_id=a.id)
+    assert {k for e in snap.events for k in e.keys} == set(keys[:-1])
+    assert snap.cursor >= batch.next_cursor and snap.epoch == start.epoch
+    assert store.read_events(snap.cursor, epoch=b"another log", namespace_id=a.id).gap

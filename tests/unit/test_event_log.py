@@ -45,7 +45,7 @@ def test_seqs_start_at_one_and_are_contiguous() -> None:
     assert [e.keys for e in batch.events] == [(b"k%d" % i,) for i in range(10)]
     assert batch.next_cursor == 11 and not batch.gap
     assert log.read(4, limit=3).events == batch.events[3:6]
-    assert log.read(11) == EventBatch((), 11, False)
+    assert log.read(11) == EventBatch((), 11, False, epoch=log.epoch)
 
 
 def test_event_fields() -> None:
@@ -67,7 +67,7 @@ def test_ring_overflow_reports_a_gap_exactly_past_the_window() -> None:
         _store(log, i)
     assert (log.head, log.oldest, log.dropped) == (11, 7, 6)
     for cursor in range(1, 7):
-        assert log.read(cursor) == EventBatch((), 7, True)
+        assert log.read(cursor) == EventBatch((), 7, True, epoch=log.epoch)
     batch = log.read(7)
     assert [e.seq for e in batch.events] == [7, 8, 9, 10] and not batch.gap
     # the window wraps the ring: a read across the wrap keeps its order
@@ -183,12 +183,12 @@ def test_a_blocking_read_wakes_on_close_and_a_closed_log_drains_then_ends() -> N
     log.close()
     t.join(10)
     assert not t.is_alive()
-    assert got == [EventBatch((), 2, False, True)]
+    assert got == [EventBatch((), 2, False, True, log.epoch)]
     start = time.monotonic()
     drained = log.read(1, timeout_s=30)  # what is retained, at once
     assert [e.seq for e in drained.events] == [1]
     assert (drained.next_cursor, drained.gap, drained.closed) == (2, False, True)
-    assert log.read(2, timeout_s=30) == EventBatch((), 2, False, True)
+    assert log.read(2, timeout_s=30) == EventBatch((), 2, False, True, log.epoch)
     assert time.monotonic() - start < 5
     with pytest.raises(StoreClosed, match="the event log is closed"):
         _store(log, 1)
@@ -197,7 +197,7 @@ def test_a_blocking_read_wakes_on_close_and_a_closed_log_drains_then_ends() -> N
 def test_a_blocking_read_times_out_empty() -> None:
     log = EventLog()
     start = time.monotonic()
-    assert log.read(1, timeout_s=0.05) == EventBatch((), 1, False)
+    assert log.read(1, timeout_s=0.05) == EventBatch((), 1, False, epoch=log.epoch)
     assert time.monotonic() - start >= 0.04
 
 
@@ -261,3 +261,16 @@ def test_a_reader_sees_every_event_in_order_or_a_gap_exactly_when_it_lost_some(
         seen.extend(_read_all(log, cursor))
         assert seen == history[origin - 1:]
         assert [e.seq for e in seen] == list(range(origin, len(history) + 1))
+
+
+def test_a_cursor_of_another_log_is_a_gap_never_a_misreading() -> None:
+    """A restarted store's log numbers its events from 1 again: a consumer's cursor from the
+    old one must not read the new one's events as if nothing happened in between."""
+    old, new = EventLog(8), EventLog(8)
+    for log in (old, new):
+        for _ in range(3):
+            log.append("stored", "host", [b"k" * 16], [None])
+    assert old.epoch != new.epoch
+    batch = new.read(2, epoch=old.epoch)
+    assert batch.gap and batch.events == () and batch.epoch == new.epoch
+    assert not new.read(2, epoch=new.epoch).gap

@@ -231,9 +231,25 @@ class _Source:
         return self.log.read(cursor, timeout_s=timeout_s)
 
 
+class _Node:
+    """A _Source as Indexer.follow reads a store: read_events / event_snapshot."""
+
+    def __init__(self, src: _Source, read: Callable[[int, float], EventBatch]) -> None:
+        self.src, self.read = src, read
+
+    def read_events(self, cursor: int | None = None, *, limit: int = 1024,
+                    timeout_s: float = 0.0, epoch: bytes | None = None,
+                    namespace_id: bytes | None = None) -> EventBatch:
+        assert cursor is not None
+        return self.read(cursor, timeout_s)
+
+    def event_snapshot(self, *, namespace_id: bytes | None = None) -> Snapshot:
+        return self.src.snapshot()
+
+
 def _follow(indexer: Indexer, read: Callable[[int, float], EventBatch], src: _Source,
             stop: threading.Event) -> threading.Thread:
-    t = threading.Thread(target=indexer.follow, args=("node", read, src.snapshot),
+    t = threading.Thread(target=indexer.follow, args=("node", _Node(src, read)),
                          kwargs={"stop": stop, "timeout_s": 0.05}, daemon=True)
     t.start()
     return t
