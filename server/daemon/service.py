@@ -55,7 +55,6 @@ import numpy as np
 from kvstore.api import LocalStagingSlab
 from kvstore.checks import check_keys
 from kvstore.errors import InvalidArgument, KVStoreError, LeaseError, QuotaExceeded, TierUnavailable
-from kvstore.events import StoreEvent
 from kvstore.keys import KEY_BYTES, BlockMeta, unpack_keys
 from kvstore.namespace_labels import check_label
 from kvstore.results import Lease, LookupResult, PutResult, StoreStats
@@ -63,7 +62,6 @@ from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.store import TieredStore
 from connector.daemon.peer_memory import Peer, probe
 from connector.daemon.shm import SharedSlab
-from server.daemon.events import CacheEvent, EventHub
 from server.daemon.peer_copy import PeerCopy
 from server.daemon.session import Segments, Session, SessionInfo
 from server.daemon.staging_area import StagingArea
@@ -96,7 +94,7 @@ class DaemonStats:
 
 class DaemonService:
     def __init__(self, store: TieredStore, slab: SharedSlab, *, limits: Limits = Limits(),
-                 events: EventHub | None = None, copy_pool: ThreadPoolExecutor | None = None,
+                 copy_pool: ThreadPoolExecutor | None = None,
                  peer_copy: bool = False) -> None:
         self.store = store
         self.staging: LocalStagingSlab = store.staging_tier()
@@ -110,8 +108,6 @@ class DaemonService:
         self._staging_pages = min(limits.staging_pages or self.staging.capacity_pages,
                                   self.staging.capacity_pages)
         self.limits = limits
-        self.events = events or EventHub()
-        store.add_listener(self._on_store_event)
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         #: lease id -> (the session holding it, its ticket): a lease handed to another process
@@ -466,11 +462,7 @@ class DaemonService:
 
     def delete(self, ns: bytes, keys: Sequence[bytes]) -> int:
         keys = self._keys(ns, keys)
-        n = self.store.delete(keys, namespace_id=ns)
-        for t in self.store.tiers:  # the store cannot tell a shared tier's namespaces: we can
-            if t.shared:
-                self.events.publish(CacheEvent(ns, "removed", t.name, tuple(keys)))
-        return n
+        return self.store.delete(keys, namespace_id=ns)
 
     def stats(self, check_integrity: bool = False) -> DaemonStats:
         error = ""
@@ -516,20 +508,6 @@ class DaemonService:
         res = self.store.put(ok, pages[rows] if rows else pages[:0])
         return PutResult(res.stored, res.existing, res.refused + dropped)
 
-    # ----------------------------------------------------------------- events
-
-    def _on_store_event(self, ev: StoreEvent) -> None:
-        """The store's listener: every page stored or removed (evictions, write-through and
-        promotion copies included), published to the watchers of its namespace. Keys whose
-        namespace the store cannot tell cheaply (a shared tier's evictions) go to nobody: a
-        watcher never sees another namespace's keys."""
-        by_ns: dict[bytes, list[bytes]] = {}
-        for k, n in zip(ev.keys, ev.namespace_ids):
-            if n is not None:
-                by_ns.setdefault(n, []).append(k)
-        for n, keys in by_ns.items():
-            self.events.publish(CacheEvent(n, ev.kind, ev.tier, tuple(keys)))
-
     # ----------------------------------------------------------------- shutdown
 
     def close(self) -> None:
@@ -539,8 +517,6 @@ class DaemonService:
             ids = list(self._sessions)
         for sid in ids:
             self.close_session(sid)
-        self.store.remove_listener(self._on_store_event)
-        self.events.close()
 
 
 def _quietly(fn, *args) -> None:  # noqa: ANN001

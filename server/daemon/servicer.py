@@ -59,6 +59,19 @@ def _unary(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _watched(ev: Any) -> list[tuple[Any, str]]:
+    """What a WatchEvents watcher sees of one log event: (kind, tier) pairs -- a move is a
+    removal from one tier and a store in the other; a cleared tier, a removal of nothing
+    (watchers predate it: use ReadEvents)."""
+    if ev.kind == "stored":
+        return [(pb.CacheEvent.STORED, ev.tier)]
+    if ev.kind == "moved":
+        return [(pb.CacheEvent.REMOVED, ev.tier), (pb.CacheEvent.STORED, ev.to_tier)]
+    if ev.kind == "removed":
+        return [(pb.CacheEvent.REMOVED, ev.tier)]
+    return []
+
+
 def _metas(ns: bytes, blocks: Any) -> list[BlockMeta]:
     return [BlockMeta(ns, b.key, b.parent, b.token_ids) for b in blocks]
 
@@ -349,22 +362,29 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
         if full:  # refused before anything is held for it
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"{self.max_watchers} event watchers are open (daemon.max_watchers)")
-        hub = self.service.events
+        store = self.service.store
         try:
-            watcher = hub.watch(ns)
-        except BaseException:
-            self._unwatched()
-            raise
-        try:
-            while context.is_active() and not self.stopping.is_set() and not hub.closed:
-                ev = watcher.next(_POLL_S)
-                if ev is None:
+            start = store.read_events(namespace_id=ns)
+            cursor, epoch = start.next_cursor, start.epoch
+            dropped = 0
+            while context.is_active() and not self.stopping.is_set():
+                batch = store.read_events(cursor, timeout_s=_POLL_S, epoch=epoch,
+                                          namespace_id=ns)
+                if batch.gap:  # this watcher read too slowly: say how much it lost
+                    dropped += batch.next_cursor - cursor
+                    cursor, epoch = batch.next_cursor, batch.epoch
                     continue
-                kind = pb.CacheEvent.STORED if ev.kind == "stored" else pb.CacheEvent.REMOVED
-                dropped, watcher.dropped = watcher.dropped, 0
-                yield pb.CacheEvent(kind=kind, tier=ev.tier, keys=ev.keys, dropped_before=dropped)
+                cursor = batch.next_cursor
+                for ev in batch.events:
+                    for kind, tier in _watched(ev):
+                        yield pb.CacheEvent(kind=kind, tier=tier, keys=ev.keys,
+                                            dropped_before=dropped)
+                        dropped = 0
+                if batch.closed and not batch.events:
+                    return
+        except KVStoreError as exc:
+            context.abort(status_of(exc), message_of(exc))
         finally:
-            hub.unwatch(watcher)
             self._unwatched()
 
     @_unary

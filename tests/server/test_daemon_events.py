@@ -95,3 +95,46 @@ def test_a_restarted_daemon_s_new_log_is_a_gap_and_the_indexer_resynchronizes(
         thread.join(5)
         client.close()
         daemon.stop()
+
+
+def test_a_watch_stream_reads_the_same_log_one_namespace_only(tmp_path: Path) -> None:
+    other = Namespace("routing", LAYOUT, "someone else")
+    with DaemonProc(write_config(tmp_path, disk=None)) as d:
+        client = DaemonStore(d.target, namespace_id=NS.id)
+        seen: list[tuple[str, str, tuple[bytes, ...]]] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            stream = client.watch()
+            watching.set()
+            for ev in stream:
+                seen.append(ev)
+                if ev[0] == "removed":
+                    return
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        assert watching.wait(10)
+        probes = iter(range(1000))
+
+        def probe() -> bool:  # a watch starts when the daemon has taken the call: wait for it
+            i = next(probes)
+            h = client.prepare_store(NS.chain(list(range(5000 + 16 * i, 5016 + 16 * i))).metas())
+            client.complete_store(h)
+            return bool(seen)
+
+        _eventually(probe)
+        seen.clear()
+        keys = NS.chain(PROMPT).keys
+        _save(client, 2)
+        with DaemonStore(d.target, namespace_id=other.id) as stranger:
+            h = stranger.prepare_store(other.chain(PROMPT).metas()[:2])
+            stranger.complete_store(h)
+        client.delete([keys[0]])
+        t.join(20)
+        assert not t.is_alive()
+        assert ("stored", "host", (keys[0], keys[1])) in seen
+        assert seen[-1] == ("removed", "host", (keys[0],))
+        theirs = set(other.chain(PROMPT).keys)
+        assert not any(set(k) & theirs for _, _, k in seen)  # never another namespace's keys
+        client.close()
