@@ -32,19 +32,20 @@ def _fmt(x: float | None) -> str:
 VS_LMCACHE = "kvstore vs LMCache"
 
 
-#: the README's lines: (results file stem, variant); every case of each
+#: the README's lines: (results file stem, variant); every case of each (ttft, transfer and
+#: daemon: the H100 records, made after the store-face renovation; the H200's are older)
 HEADLINES: tuple[tuple[str, str], ...] = (
-    ("ttft-h200", "host hit, layer-wise"),
-    ("ttft-h200", "daemon host hit"),
-    ("ttft-h200", "no reuse, with store"),
+    ("ttft-h100", "host hit, layer-wise"),
+    ("ttft-h100", "daemon host hit"),
+    ("ttft-h100", "no reuse, with store"),
     ("decode-h200", "ours vs memory-bandwidth floor"),
-    ("transfer-h200", "load (copy_rows kernel, 33 blocks)"),
-    ("transfer-h200", "save into reserved slots (whole pages, one DMA per run)"),
-    ("daemon-h200", "peer-copy save"),
-    ("daemon-h200", "peer-copy load"),
-    ("daemon-h200", "shm save"),
-    ("daemon-h200", "shm load"),
-    ("daemon-h200", "lookup 2048 keys p99"),
+    ("transfer-h100", "load (copy_rows kernel, 33 blocks)"),
+    ("transfer-h100", "save into reserved slots (whole pages, one DMA per run)"),
+    ("daemon-h100", "peer-copy save"),
+    ("daemon-h100", "peer-copy load"),
+    ("daemon-h100", "shm save"),
+    ("daemon-h100", "shm load"),
+    ("daemon-h100", "lookup 2048 keys p99"),
     ("lookup-h200", "hash+lookup list-tokens"),
     ("writeback-h100", "write-back, free_reserve 0.05: engine time/step p50"),
     ("writeback-h100", "write-back, free_reserve 0.05: engine time/step p99"),
