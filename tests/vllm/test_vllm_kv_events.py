@@ -4,6 +4,7 @@ to the store -- pages stored in host, demoted to disk, deleted."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import msgspec
@@ -14,9 +15,11 @@ from vllm.distributed.kv_events import (
     KVEventBatch,
 )
 
+from kvstore import TieredStore, build_tier
 from server.vllm_events import VllmEventPublisher
 from tests.vllm_events_wire import (
     HOST_PAGES,
+    LAYOUT,
     NS,
     drain,
     first_message,
@@ -57,6 +60,46 @@ def test_vllm_decodes_our_events_and_they_tell_where_pages_went(tmp_path: Path) 
                    if isinstance(e, BlockStored))  # no prompt tokens leave the store
         assert not any(isinstance(e, AllBlocksCleared) for e in events)
     finally:
+        sub.close(linger=0)
+        pub.close()
+        store.close()
+
+
+def test_a_publisher_that_fell_behind_clears_then_sends_the_contents(tmp_path: Path) -> None:
+    """Past the log's window the publisher cannot say what it missed: it sends
+    AllBlocksCleared, then the store's contents as BlockStored -- a consumer that applies
+    vLLM's events in order is exact again."""
+    store = TieredStore(LAYOUT, [build_tier({"kind": "host", "capacity": 64 * LAYOUT.page_bytes},
+                                            LAYOUT)], event_log_events=2)
+    pub = VllmEventPublisher(store, f"ipc://{tmp_path}/kv-events")
+    sub = subscriber(pub.endpoint)
+    decode = msgspec.msgpack.Decoder(type=KVEventBatch).decode
+    held, go = threading.Event(), threading.Event()
+    send = pub._send
+
+    def slow_send(events: list) -> None:  # the publisher stalls on its next batch
+        if not go.is_set():
+            held.set()
+            go.wait(10)
+        send(events)
+
+    try:
+        assert first_message(store, sub) is not None
+        pub._send = slow_send  # type: ignore[method-assign]
+        chain = NS.chain(list(range(4 * 6)))
+        store.put(chain.metas()[:1], pages(1))
+        assert held.wait(10)
+        for i in range(1, 6):  # five more events: past the 2-event window
+            store.put(chain.metas()[i:i + 1], pages(1))
+        go.set()
+        events = [ev for m in drain(sub, 1000) for ev in decode(m[2]).events]
+        cleared = [i for i, e in enumerate(events) if isinstance(e, AllBlocksCleared)]
+        assert cleared, "no AllBlocksCleared after the gap"
+        after = {k for e in events[cleared[-1]:] if isinstance(e, BlockStored)
+                 for k in e.block_hashes}
+        assert set(chain.keys) <= after
+    finally:
+        go.set()
         sub.close(linger=0)
         pub.close()
         store.close()
