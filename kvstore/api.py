@@ -29,6 +29,7 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.results import Lease, LookupResult, PutResult
+from kvstore.retention import Pin
 from kvstore.staging import LoadHandle, StoreHandle
 
 
@@ -143,6 +144,17 @@ class StoreAPI(Protocol):
 
     def delete(self, keys: Sequence[bytes], *, namespace_id: bytes | None = None) -> int:
         """Remove ``keys`` from every tier; returns how many were held."""
+
+    # ---------------------------------------------------------------- retention
+
+    def pin(self, namespace_id: bytes, keys: Sequence[bytes], *, ttl_s: float) -> Pin:
+        """Keep ``keys`` of ``namespace_id`` cached for ``ttl_s`` seconds in every tier (no
+        eviction takes them; a key not stored yet is kept once it arrives). Refused
+        (InvalidArgument, nothing changes) for another namespace's key, a TTL out of bounds,
+        or pins past ``store.max_pinned_fraction``."""
+
+    def unpin(self, pin: Pin | int, *, namespace_id: bytes | None = None) -> bool:
+        """Remove a pin; False when it lapsed or was removed already."""
 
     # ---------------------------------------------------------------- events
 

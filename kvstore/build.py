@@ -60,6 +60,7 @@ def build_store(
             free_reserve=s.free_reserve,
             switch_interval_ms=s.switch_interval_ms,
             event_log_events=s.event_log_events,
+            max_pinned_fraction=s.max_pinned_fraction,
             metrics=metrics,
         )
     except BaseException:

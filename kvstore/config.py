@@ -48,6 +48,7 @@ from pydantic_settings import (
 from kvstore.cleaner import DEFAULT_RESERVE
 from kvstore.event_log import DEFAULT_EVENT_LOG_EVENTS
 from kvstore.mover import DEFAULT_SWITCH_INTERVAL_MS
+from kvstore.retention import DEFAULT_MAX_PINNED_FRACTION
 from kvstore.errors import ConfigError
 from kvstore.layout import DTYPE_SIZES, KVLayout
 from kvstore.record import usable_cores
@@ -129,6 +130,9 @@ class StoreConfig(Strict):
         "events the store's event log keeps (every page stored, removed, demoted, with a "
         "store-wide sequence number): a reader further behind gets a gap and resynchronizes "
         "from a snapshot; 0 turns the log off"))
+    max_pinned_fraction: float = Field(DEFAULT_MAX_PINNED_FRACTION, ge=0.0, le=0.9, description=(
+        "the share of the smallest local tier that retention pins (StoreAPI.pin) may hold "
+        "together; a pin past it is refused"))
 
 
 class ConnectorConfig(Strict):

@@ -168,9 +168,15 @@ class Room:
         tier, policy = self._st.tiers[ti], self._st.policies[ti]
         self._st.leases.expire()
         pins = self._st.leases.pins
+        retention = self._st.retention
+        retention.expire()
+        held = retention.holds
         if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
             in_use = tier.is_in_use
-            victims = cast("list[bytes]", policy.evict(n, lambda k: k in pins or in_use(k)))
+            victims = cast("list[bytes]", policy.evict(
+                n, lambda k: k in pins or held(k) or in_use(k)))
+        elif len(retention):
+            victims = cast("list[bytes]", policy.evict(n, lambda k: k in pins or held(k)))
         else:
             victims = cast("list[bytes]", policy.evict(n, pins.__contains__))
         hits = self._st.hits[ti]
@@ -194,12 +200,13 @@ class Room:
         with self._st.lock:
             self._st.leases.expire()
             pins, retiring = self._st.leases.pins, self._st.retiring[ti]
+            held = self._st.retention.holds  # a retention pin made since the choice spares too
             gone, spared = [], 0
             for k in victims:
                 retiring.discard(k)
                 if k in policy:
                     continue  # re-admitted meanwhile by a write of the same key: it stays
-                meta = tier.meta(k) if k in pins else None
+                meta = tier.meta(k) if k in pins or held(k) else None
                 if meta is not None:
                     policy.insert(k, meta.parent)
                     spared += 1

@@ -72,6 +72,7 @@ from kvstore.namespace_labels import NamespaceLabels, check_label
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.reads import Reads
+from kvstore.retention import DEFAULT_MAX_PINNED_FRACTION, Pin, Retention
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.room import Room
 from kvstore.staging import LoadHandle, StoreHandle
@@ -106,6 +107,7 @@ class TieredStore:
         free_reserve: float = DEFAULT_RESERVE,
         switch_interval_ms: float = DEFAULT_SWITCH_INTERVAL_MS,
         event_log_events: int = DEFAULT_EVENT_LOG_EVENTS,
+        max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -124,6 +126,11 @@ class TieredStore:
         check_count("selective_hits", selective_hits, 1)
         check_count("prefetch_workers", prefetch_workers, 1)
         check_count("event_log_events", event_log_events, 0)
+        if isinstance(max_pinned_fraction, bool) or not (
+                isinstance(max_pinned_fraction, (int, float)) and 0 <= max_pinned_fraction <= 0.9):
+            raise InvalidArgument(f"max_pinned_fraction is a share of a tier in [0, 0.9], "
+                                  f"got {max_pinned_fraction!r}")
+        local = [t.capacity_pages for t in tiers if not t.shared] or [t.capacity_pages for t in tiers]
         specs: Sequence[EvictionPolicy | str] = policies or ["lru"] * len(tiers)
         if len(specs) != len(tiers):
             raise InvalidArgument(f"{len(tiers)} tiers but {len(specs)} policies")
@@ -140,7 +147,8 @@ class TieredStore:
             promote_on_hit=promote_on_hit, leases=LeaseTable(lease_ttl_s, clock, metrics),
             bandwidth=BandwidthMeter(bandwidth_alpha), metrics=metrics,
             prefetch_workers=prefetch_workers, switch_interval_ms=switch_interval_ms,
-            event_log_events=event_log_events)
+            event_log_events=event_log_events,
+            retention=Retention(int(max_pinned_fraction * min(local)), clock))
         self._room = Room(st, free_reserve)
         self._reads = Reads(st, self._room)
         self._lookups = Lookups(st)
@@ -388,12 +396,42 @@ class TieredStore:
         keys = list(keys)
         if namespace_id is not None:
             check_namespace(namespace_id)
-            for k in keys:
-                holder = self.namespace_of(k)
-                if holder is not None and holder != namespace_id:
-                    raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
-                                          "nothing was deleted")
+            self._refuse_foreign(keys, namespace_id, "deleted")
         return self._room.delete(keys, namespace_id)
+
+    def pin(self, namespace_id: bytes, keys: Sequence[bytes], *, ttl_s: float) -> Pin:
+        """Keep ``keys`` of ``namespace_id`` cached for ``ttl_s`` seconds, in every tier (see
+        :mod:`kvstore.retention`): no eviction takes them until the pin lapses or is removed;
+        a key not stored yet is kept once it arrives. InvalidArgument for a key another
+        namespace holds, a TTL out of bounds, or pins past ``store.max_pinned_fraction``;
+        nothing changes then."""
+        self._st.check_open()
+        check_keys(keys)
+        check_namespace(namespace_id)
+        keys = list(keys)
+        self._refuse_foreign(keys, namespace_id, "pinned")
+        with self._st.lock:
+            return self._st.retention.pin(namespace_id, keys, ttl_s)
+
+    def unpin(self, pin: Pin | int, *, namespace_id: bytes | None = None) -> bool:
+        """Remove a pin (its pages become evictable again). False when it lapsed or was
+        removed already; InvalidArgument for another namespace's pin."""
+        self._st.check_open()
+        pin_id = pin.id if isinstance(pin, Pin) else pin
+        ns = namespace_id if namespace_id is not None else (
+            pin.namespace_id if isinstance(pin, Pin) else None)
+        if ns is None:
+            raise InvalidArgument("unpin needs the pin's namespace", hint="pass namespace_id=")
+        check_namespace(ns)
+        with self._st.lock:
+            return self._st.retention.unpin(pin_id, ns)
+
+    def _refuse_foreign(self, keys: list[bytes], namespace_id: bytes, what: str) -> None:
+        for k in keys:
+            holder = self.namespace_of(k)
+            if holder is not None and holder != namespace_id:
+                raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
+                                      f"nothing was {what}")
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(StoreEvent)`` for every page stored in or removed from a tier (see

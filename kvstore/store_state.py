@@ -29,6 +29,7 @@ from kvstore.metrics import Metrics
 from kvstore.mover import COPIES, Mover
 from kvstore.namespace_stats import NamespaceCounters
 from kvstore.policy import EvictionPolicy
+from kvstore.retention import Retention
 from kvstore.tiers.base import MissTally, Tier
 
 
@@ -48,6 +49,7 @@ class StoreState:
         prefetch_workers: int,
         switch_interval_ms: float,
         event_log_events: int,
+        retention: Retention,
     ) -> None:
         self.layout = layout
         self.tiers: list[Tier] = list(tiers)
@@ -64,6 +66,8 @@ class StoreState:
         #: every change of where a page lives, with a store-wide sequence number (None: off);
         #: appended under ``lock``, so a snapshot taken under it lines up with the log's head
         self.events: EventLog | None = EventLog(event_log_events) if event_log_events else None
+        #: retention pins: keys no eviction takes until their pins lapse (see kvstore.retention)
+        self.retention = retention
         #: each tier's hit counts of ``selective`` (a page copied down at selective_hits)
         self.hits: list[dict[bytes, int]] = [{} for _ in tiers]
         #: room claimed by writers that have not published yet

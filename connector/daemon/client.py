@@ -55,6 +55,7 @@ from kvstore.api import StoreAPI
 from kvstore.buffers import page_views
 from kvstore.errors import InvalidArgument, LeaseError, QuotaExceeded
 from kvstore.event_log import EventBatch, Snapshot
+from kvstore.retention import Pin
 from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
@@ -476,6 +477,23 @@ class DaemonStore:
         r = self._session.call("Delete", pb.DeleteRequest(namespace_id=self._ns(namespace_id),
                                                   keys=list(keys)))
         return int(r.deleted)
+
+    def pin(self, namespace_id: bytes, keys: Sequence[bytes], *, ttl_s: float) -> Pin:
+        """As :meth:`TieredStore.pin`, on the daemon's store (``expires_at`` on this process's
+        monotonic clock)."""
+        ns = self._ns(namespace_id)
+        keys = list(keys)
+        check_keys(keys)
+        r = self._session.call("Pin", pb.PinRequest(namespace_id=ns, keys=keys, ttl_s=ttl_s))
+        return Pin(int(r.pin_id), ns, tuple(keys), time.monotonic() + r.expires_in_s)
+
+    def unpin(self, pin: Pin | int, *, namespace_id: bytes | None = None) -> bool:
+        """As :meth:`TieredStore.unpin`."""
+        pin_id = pin.id if isinstance(pin, Pin) else pin
+        ns = self._ns(namespace_id if namespace_id is not None else (
+            pin.namespace_id if isinstance(pin, Pin) else None))
+        return bool(self._session.call("Unpin", pb.UnpinRequest(namespace_id=ns,
+                                                                pin_id=pin_id)).removed)
 
     def read_events(self, cursor: int | None = None, *, limit: int = 1024,
                     timeout_s: float = 0.0, epoch: bytes | None = None,

@@ -427,6 +427,38 @@ class EventSnapshotReply(_message.Message):
     epoch: bytes
     def __init__(self, cursor: _Optional[int] = ..., events: _Optional[_Iterable[_Union[LogEvent, _Mapping]]] = ..., epoch: _Optional[bytes] = ...) -> None: ...
 
+class PinRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys", "ttl_s")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    ttl_s: float
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class PinReply(_message.Message):
+    __slots__ = ("pin_id", "expires_in_s")
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    pin_id: int
+    expires_in_s: float
+    def __init__(self, pin_id: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
+class UnpinRequest(_message.Message):
+    __slots__ = ("namespace_id", "pin_id")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    pin_id: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., pin_id: _Optional[int] = ...) -> None: ...
+
+class UnpinReply(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
 class ReadPagesRequest(_message.Message):
     __slots__ = ("namespace_id", "keys")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -129,6 +129,16 @@ class KVStoreDaemonStub:
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.ReadEventsRequest.SerializeToString,
                 response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventBatchReply.FromString,
                 _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/Pin',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.PinRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.PinReply.FromString,
+                _registered_method=True)
+        self.Unpin = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/Unpin',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinReply.FromString,
+                _registered_method=True)
         self.EventSnapshot = channel.unary_unary(
                 '/kvstore.daemon.v1.KVStoreDaemon/EventSnapshot',
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotRequest.SerializeToString,
@@ -267,6 +277,18 @@ class KVStoreDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unpin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EventSnapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -382,6 +404,16 @@ def add_KVStoreDaemonServicer_to_server(servicer, server):
                     servicer.ReadEvents,
                     request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.ReadEventsRequest.FromString,
                     response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventBatchReply.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.PinRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.PinReply.SerializeToString,
+            ),
+            'Unpin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unpin,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinReply.SerializeToString,
             ),
             'EventSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.EventSnapshot,
@@ -912,6 +944,60 @@ class KVStoreDaemon:
             '/kvstore.daemon.v1.KVStoreDaemon/ReadEvents',
             connector_dot_proto_dot_kvstore__daemon__pb2.ReadEventsRequest.SerializeToString,
             connector_dot_proto_dot_kvstore__daemon__pb2.EventBatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/Pin',
+            connector_dot_proto_dot_kvstore__daemon__pb2.PinRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.PinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unpin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/Unpin',
+            connector_dot_proto_dot_kvstore__daemon__pb2.UnpinRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.UnpinReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -258,6 +258,11 @@ class DaemonService:
 
     # ----------------------------------------------------------------- checks
 
+    def checked_keys(self, ns: bytes, keys: Sequence[bytes]) -> list[bytes]:
+        """``keys`` of a call in ``ns``: InvalidArgument past ``max_keys_per_call`` or for a
+        malformed key or namespace."""
+        return self._keys(ns, keys)
+
     def _keys(self, ns: bytes, keys: Sequence[bytes]) -> list[bytes]:
         check_namespace(ns)
         keys = list(keys)

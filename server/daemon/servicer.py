@@ -409,6 +409,18 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
                                   closed=batch.closed, epoch=batch.epoch)
 
     @_unary
+    def Pin(self, request: Any, context: grpc.ServicerContext) -> Any:
+        ns = check_namespace(request.namespace_id)
+        keys = self.service.checked_keys(ns, request.keys)
+        held = self.service.store.pin(ns, keys, ttl_s=request.ttl_s)
+        return pb.PinReply(pin_id=held.id, expires_in_s=request.ttl_s)
+
+    @_unary
+    def Unpin(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.UnpinReply(removed=self.service.store.unpin(
+            request.pin_id, namespace_id=check_namespace(request.namespace_id)))
+
+    @_unary
     def EventSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
         snap = self.service.store.event_snapshot(
             namespace_id=check_namespace(request.namespace_id))

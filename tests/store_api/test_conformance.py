@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstore import KVLayout, Namespace, TieredStore
+from kvstore import InvalidArgument, KVLayout, Namespace, TieredStore
 from kvstore.tiers.host import HostTier
 from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc, write_config
 
@@ -166,7 +166,6 @@ def test_a_load_handle_completes_once(store: Any) -> None:
 
 
 def test_bad_keys_are_refused_naming_them(store: Any) -> None:
-    from kvstore.errors import InvalidArgument
 
     ns = _ns("bad")
     with pytest.raises(InvalidArgument):
@@ -176,7 +175,6 @@ def test_bad_keys_are_refused_naming_them(store: Any) -> None:
 
 
 def test_one_save_takes_one_namespace(store: Any) -> None:
-    from kvstore.errors import InvalidArgument
 
     a, b = _ns("one-a"), _ns("one-b")
     metas = a.chain(TOKENS).metas()[:2] + b.chain(TOKENS).metas()[:2]
@@ -236,7 +234,6 @@ def test_the_store_copies_the_callers_pages_both_ways(copying_store: Any) -> Non
 
 
 def test_pages_that_do_not_fit_the_handle_are_refused_and_change_nothing(copying_store: Any) -> None:
-    from kvstore.errors import InvalidArgument
 
     store, ns = copying_store, _ns("misfit")
     metas = ns.chain(TOKENS).metas()
@@ -261,7 +258,6 @@ def test_pages_that_do_not_fit_the_handle_are_refused_and_change_nothing(copying
 
 
 def test_pages_for_another_stores_handle_are_refused(copying_store: Any) -> None:
-    from kvstore.errors import InvalidArgument
 
     store, ns = copying_store, _ns("foreign")
     other = TieredStore(LAYOUT, [HostTier.build("host", LAYOUT, PAGES, pin_memory=False)])
@@ -325,3 +321,34 @@ def test_the_event_log_tells_a_namespace_its_own_pages_in_order(store: Any) -> N
     assert {k for e in snap.events for k in e.keys} == set(keys[:-1])
     assert snap.cursor >= batch.next_cursor and snap.epoch == start.epoch
     assert store.read_events(snap.cursor, epoch=b"another log", namespace_id=a.id).gap
+
+
+def _flood(store: Any, ns: Namespace, pages: int) -> None:
+    """Save ``pages`` unique pages of ``ns`` (64 at a time): every unpinned page is evicted."""
+    for start in range(0, pages, 64):
+        _save(store, ns, list(range(10_000 + start * LAYOUT.block_size,
+                                    10_000 + (start + 64) * LAYOUT.block_size)))
+
+
+def test_a_pinned_prefix_survives_a_flood_and_goes_once_unpinned(store: Any) -> None:
+    """pin / unpin: a pinned prefix stays through ten times the tier's pages of other saves
+    and loads its exact bytes afterwards; unpinned, the next flood takes it. A pin of another
+    namespace's pages, or with a TTL out of bounds, is refused."""
+    ns, other = _ns("pinned"), _ns("pinned-other")
+    keys = ns.chain(TOKENS).keys
+    _save(store, ns, TOKENS)
+    held = store.pin(ns.id, keys, ttl_s=600)
+    _flood(store, ns, 10 * PAGES)
+    assert _load(store, ns, keys) == [True] * 6
+    with pytest.raises(InvalidArgument, match="another namespace"):
+        store.pin(other.id, keys, ttl_s=60)
+    with pytest.raises(InvalidArgument, match="another namespace"):
+        store.unpin(held.id, namespace_id=other.id)
+    for bad in (0, -1, 1e9, float("nan")):
+        with pytest.raises(InvalidArgument, match="ttl_s"):
+            store.pin(ns.id, keys, ttl_s=bad)
+    with pytest.raises(InvalidArgument, match="pin"):
+        store.pin(ns.id, [bytes([i % 256, i // 256]) * 8 for i in range(PAGES)], ttl_s=60)
+    assert store.unpin(held) is True and store.unpin(held) is False
+    _flood(store, ns, 2 * PAGES)
+    assert store.lookup(keys, namespace_id=ns.id).num_blocks == 0

@@ -1,0 +1,78 @@
+"""Retention pins (kvstore.retention) in the store: a pin lapses at its TTL on the store's clock
+and its pages become evictable; pins are bounded; a pin of keys not stored yet keeps them once
+they arrive; a pin holds in every tier (host and disk here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore import InvalidArgument, KVLayout, Namespace, TieredStore, build_tier
+from kvstore.retention import Retention
+
+LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=16, block_size=4, dtype="float16")
+NS = Namespace("retention", LAYOUT)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _store(tmp: Path, clock: Clock) -> TieredStore:
+    host = build_tier({"kind": "host", "capacity": 8 * LAYOUT.page_bytes}, LAYOUT)
+    disk = build_tier({"kind": "disk", "capacity": 16 * LAYOUT.page_bytes, "path": str(tmp),
+                       "durability": "none"}, LAYOUT)
+    # write-through: every page in both tiers, so the pin must hold in each
+    return TieredStore(LAYOUT, [host, disk], clock=clock, free_reserve=0.0,
+                       write_policy="write_through")
+
+
+def _flood(store: TieredStore, first: int, n: int) -> None:
+    chain = NS.chain(list(range(4 * first, 4 * (first + n))))
+    for i in range(0, n, 4):
+        store.put(chain.metas()[i:i + 4], np.zeros((min(4, n - i), LAYOUT.page_bytes), np.uint8))
+    store.drain()
+
+
+def test_a_pin_lapses_at_its_ttl_and_holds_in_every_tier_until_then(tmp_path: Path) -> None:
+    clock = Clock()
+    store = _store(tmp_path, clock)
+    try:
+        keys = NS.chain(list(range(4 * 3))).keys
+        store.pin(NS.id, keys, ttl_s=60)  # before they exist: kept once they arrive
+        _flood(store, 0, 3)
+        _flood(store, 1000, 10 * 16)  # ten times the disk's pages
+        host, disk = store.tier("host"), store.tier("disk")
+        assert all(host.contains(keys)) and all(disk.contains(keys))
+        store.evict(8, tier="host")  # an explicit eviction of host takes no pinned page
+        assert all(host.contains(keys))
+        clock.now += 61  # lapsed
+        _flood(store, 5000, 10 * 16)
+        assert not any(host.contains(keys)) and not any(disk.contains(keys))
+    finally:
+        store.close()
+
+
+def test_pins_are_bounded_and_a_refused_pin_changes_nothing() -> None:
+    r = Retention(4, Clock())
+    r.pin(NS.id, [b"a" * 16, b"b" * 16], ttl_s=10)
+    with pytest.raises(InvalidArgument, match="more than the 4 pins may hold"):
+        r.pin(NS.id, [b"c" * 16, b"d" * 16, b"e" * 16], ttl_s=10)
+    assert sorted(r.pinned_keys()) == [b"a" * 16, b"b" * 16]
+    r.pin(NS.id, [b"a" * 16, b"c" * 16, b"d" * 16], ttl_s=10)  # a counts once
+    assert len(r.pinned_keys()) == 4
+
+
+def test_an_unpinned_key_stays_held_while_another_pin_names_it() -> None:
+    r = Retention(8, Clock())
+    first = r.pin(NS.id, [b"a" * 16], ttl_s=10)
+    r.pin(NS.id, [b"a" * 16, b"b" * 16], ttl_s=10)
+    assert r.unpin(first.id, NS.id) and r.holds(b"a" * 16)
+    with pytest.raises(InvalidArgument, match="another namespace"):
+        r.unpin(first.id + 1, b"x" * 16)
