@@ -56,10 +56,12 @@ def _sha256_chain(tokens: list[int]) -> list[bytes]:
     return out
 
 
-def build_store(n_pages: int, ns: Namespace, prompt_keys_from) -> TieredStore:  # noqa: ANN001
+def build_store(n_pages: int, ns: Namespace, prompt_keys_from,  # noqa: ANN001
+                event_log_events: int | None = None) -> TieredStore:
     tier = build_tier({"kind": "host", "capacity": n_pages * LAYOUT.page_bytes,
                        "pin_memory": False}, LAYOUT)
-    store = TieredStore(LAYOUT, [tier], ["lru"])
+    kw = {} if event_log_events is None else {"event_log_events": event_log_events}
+    store = TieredStore(LAYOUT, [tier], ["lru"], **kw)
     pages = np.zeros((4096, LAYOUT.page_bytes), dtype=np.uint8)
     rng = np.random.default_rng(0)
     chains = [prompt_keys_from]
@@ -77,6 +79,21 @@ def build_store(n_pages: int, ns: Namespace, prompt_keys_from) -> TieredStore:  
             bar.update(len(part))
     bar.close()
     return store
+
+
+def _leased_p99_ms(stores: tuple[TieredStore, ...], keys: list[bytes], runs: int
+                   ) -> list[float]:
+    """p99 ms of a leased lookup of ``keys`` on each store (its release not timed), the stores
+    taking turns run by run."""
+    times: list[list[float]] = [[] for _ in stores]
+    for _ in range(runs):
+        for i, store in enumerate(stores):
+            t0 = time.perf_counter()
+            r = store.lookup(keys, lease=True)
+            times[i].append(time.perf_counter() - t0)
+            assert r.lease is not None
+            store.release(r.lease)
+    return [float(np.percentile(t, 99)) * 1e3 for t in times]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,6 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     both_np = _best_ms(lambda: store.lookup(ns.chain(tokens_np).keys), rounds)
     both_list = _best_ms(lambda: store.lookup(ns.chain(tokens_list).keys), rounds)
     sha = _best_ms(lambda: _sha256_chain(tokens_list), max(5, rounds // 10))
+    # the connector's leased lookup, p99, on this store (event log on: the default) against a
+    # store of the same pages with the log off, interleaved
+    off = build_store(n_pages, ns, prompt, event_log_events=0)
+    p99_on, p99_off = _leased_p99_ms((store, off), keys, 10 * rounds)
+    off.close()
     base = "sha256(pickle) chain + same lookup"
     case = f"32k-prompt/{n_pages // 1000}k-pages"
     lines = [
@@ -107,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
         measurement("lookup", case, "hash numpy-tokens", "latency", hash_np, "ms"),
         measurement("lookup", case, "hash list-tokens", "latency", hash_list, "ms"),
         measurement("lookup", case, "lookup 2048 keys", "latency", look, "ms"),
+        measurement("lookup", case, "leased lookup 2048 keys p99, event log on", "latency",
+                    p99_on, "ms", baseline="the same, event log off", baseline_value=p99_off,
+                    higher_is_better=False),
     ]
     if args.json:
         emit_json(lines)
