@@ -29,7 +29,7 @@ from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
 from kvstore.results import Lease, LookupResult, PutResult
-from kvstore.retention import Pin
+from kvstore.retention import Pin, RetentionInfo
 from kvstore.staging import LoadHandle, StoreHandle
 
 
@@ -155,6 +155,17 @@ class StoreAPI(Protocol):
 
     def unpin(self, pin: Pin | int, *, namespace_id: bytes | None = None) -> bool:
         """Remove a pin; False when it lapsed or was removed already."""
+
+    def set_budget(self, namespace_id: bytes, tier: str, nbytes: int | None) -> None:
+        """Hold ``namespace_id`` to ``nbytes`` of tier ``tier`` (whole pages; None removes
+        the budget). A namespace at its budget makes room among its own pages there (by the
+        tier's policy, sparing pinned and leased ones) and never evicts another's; what it
+        cannot make room for is refused. Pages held over a lowered budget go as it writes
+        more. InvalidArgument for an unknown tier or a size that is not a whole number >= 0."""
+
+    def retention(self, namespace_id: bytes) -> RetentionInfo:
+        """A namespace's live pins and, per tier, the bytes it holds, its pinned bytes there
+        and its budget."""
 
     # ---------------------------------------------------------------- events
 

@@ -275,6 +275,86 @@ class AdminConfig(Strict):
         "the largest request body (a lookup of a 1M-token prompt fits 8 MiB); larger: 413"))
 
 
+#: Z85 (ZMQ's text form of a CURVE key): 40 characters of this alphabet encode 32 bytes.
+_Z85 = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
+#: a ZMQ certificate file's secret key line (``zmq.auth.create_certificates``' ``.key_secret``)
+_CERT_SECRET = re.compile(r"""^\s*secret-key\s*=\s*"([^"]*)"\s*$""", re.M)
+
+
+class EventsConfig(Strict):
+    """``kvstore serve``: the store's event log published in the wire format of vLLM's KV events
+    (``server.vllm_events``: a ZMQ PUB socket, msgpack ``KVEventBatch`` of ``BlockStored`` /
+    ``BlockRemoved`` / ``AllBlocksCleared``), so a router that consumes vLLM's events consumes
+    the daemon's. Off unless ``zmq_endpoint`` is set. An ``ipc://`` path is created mode 0600
+    (only this user reads); a ``tcp://`` address needs a CURVE secret key, and then only
+    subscribers that know its public key (logged at start) receive anything. Events carry
+    block hashes, never token ids."""
+
+    zmq_endpoint: str | None = Field(None, description=(
+        "where the PUB socket binds: ipc:///path/kv-events, or tcp://host:port with a CURVE "
+        "key; unset: no publisher"))
+    zmq_topic: str = Field("", max_length=256, description=(
+        "the first frame of every message (vLLM's KVEventsConfig.topic)"))
+    zmq_curve_secret_key: SecretStr | None = Field(None, description=(
+        "the publisher's CURVE secret key, 40 Z85 characters (never printed); subscribers set "
+        "its public key as curve_serverkey"))
+    zmq_curve_secret_key_file: FilePath | None = Field(None, description=(
+        "a file holding the CURVE secret key: the Z85 text, or a ZMQ certificate "
+        "(.key_secret) with a secret-key line"))
+
+    @model_validator(mode="after")
+    def _endpoint_and_key(self) -> EventsConfig:
+        # errors are reported at the table (whose input is never shown): a key is never echoed
+        if self.zmq_curve_secret_key is not None and self.zmq_curve_secret_key_file is not None:
+            raise ValueError("set exactly one of zmq_curve_secret_key and "
+                             "zmq_curve_secret_key_file, or neither")
+        key = self.curve_secret_key()  # checks the key's form, from either source
+        ep = self.zmq_endpoint
+        if ep is None:
+            if key is not None:
+                raise ValueError("a CURVE key is set but zmq_endpoint is not: set the endpoint "
+                                 "the publisher binds")
+            return self
+        scheme, sep, rest = ep.partition("://")
+        if not sep or not rest or scheme not in ("ipc", "tcp"):
+            raise _field_error("events.zmq_endpoint", (
+                f"{ep!r} is not an ipc:// path or a tcp://host:port address (the publisher "
+                "binds only those)"))
+        if scheme == "tcp" and key is None:
+            raise _field_error("events.zmq_endpoint", (
+                f"{ep!r} is TCP without CURVE: it would publish every event to anyone who "
+                "connects; set zmq_curve_secret_key or zmq_curve_secret_key_file (a key pair "
+                "from server.vllm_events.curve_keypair()), or bind an ipc:// path"))
+        if scheme == "ipc" and rest.startswith("@") and key is None:
+            raise _field_error("events.zmq_endpoint", (
+                f"{ep!r} is in Linux's abstract socket namespace, which has no file "
+                "permissions: any local process could read every event; bind a path "
+                "(ipc:///run/kvstore/kv-events), or set a CURVE key"))
+        return self
+
+    def curve_secret_key(self) -> str | None:
+        """The CURVE secret key (Z85), or None; reads ``zmq_curve_secret_key_file`` each call.
+        ValueError, never naming the key, when it is not one."""
+        if self.zmq_curve_secret_key is not None:
+            key = self.zmq_curve_secret_key.get_secret_value().strip()
+            where = "zmq_curve_secret_key"
+        elif self.zmq_curve_secret_key_file is not None:
+            try:
+                text = self.zmq_curve_secret_key_file.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"zmq_curve_secret_key_file {self.zmq_curve_secret_key_file}: "
+                                 f"{getattr(exc, 'strerror', None) or 'not text'}") from None
+            cert = _CERT_SECRET.search(text)
+            key = (cert.group(1) if cert else text).strip()
+            where = f"zmq_curve_secret_key_file {self.zmq_curve_secret_key_file}"
+        else:
+            return None
+        if not _Z85.match(key):
+            raise ValueError(f"{where} is not a CURVE key: it needs 40 Z85 characters "
+                             "(server.vllm_events.curve_keypair() makes a pair)")
+        return key
+
+
 class KVStoreConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVSTORE_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -297,6 +377,8 @@ class KVStoreConfig(BaseSettings):
     daemon: DaemonConfig = Field(DaemonConfig(), description="kvstore serve: listeners and limits")
     admin: AdminConfig = Field(
         AdminConfig(), description="kvstore serve: the admin API and dashboard")
+    events: EventsConfig = Field(EventsConfig(), description=(
+        "kvstore serve: the event log published as vLLM's KV events (ZMQ)"))
 
     @model_validator(mode="after")
     def _tiers_fit(self) -> KVStoreConfig:
@@ -320,6 +402,11 @@ class KVStoreConfig(BaseSettings):
                     f"{conn.host_tier!r} is not a host tier of this store "
                     f"(host tiers: {[n for n, k in kinds.items() if k == 'host']})",
                 )
+        if self.events.zmq_endpoint is not None and self.store.event_log_events == 0:
+            raise _field_error(
+                "events.zmq_endpoint",
+                "the publisher reads the store's event log, and store.event_log_events is 0 "
+                "(the log is off): set it above 0, or unset events.zmq_endpoint")
         return self
 
     @classmethod

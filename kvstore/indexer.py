@@ -141,9 +141,11 @@ class Indexer:
                     for event in batch.events:
                         if event.seq >= cursor:
                             _apply(entries, event)
-                cursor = max(cursor, batch.next_cursor)
             elif batch.closed:
                 return
+            # past events of other namespaces too (a filtered batch can be empty and still
+            # move the cursor): asking again from the old cursor would answer at once, forever
+            cursor = max(cursor, batch.next_cursor)
 
 
 class EventSource(Protocol):

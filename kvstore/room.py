@@ -45,6 +45,13 @@ class Room:
         return PutResult(*(sum(getattr(p, f) for p in parts) for f in ("stored", "existing", "refused")))
 
     def _store_chunk(self, ti: int, metas: list[BlockMeta], views: list[np.ndarray]) -> PutResult:
+        if self._st.budgets.any(ti) and len({m.namespace_id for m in metas}) > 1:
+            # budgets are judged per namespace: one chunk per namespace
+            parts = [self._store_chunk(ti, [m for m in metas if m.namespace_id == ns],
+                                       [v for m, v in zip(metas, views) if m.namespace_id == ns])
+                     for ns in dict.fromkeys(m.namespace_id for m in metas)]
+            return PutResult(*(sum(getattr(p, f) for p in parts)
+                               for f in ("stored", "existing", "refused")))
         tier, policy = self._st.tiers[ti], self._st.policies[ti]
         present = tier.contains([m.key for m in metas]) if metas else []
         new_m, new_v = [], []
@@ -62,15 +69,16 @@ class Room:
                 seen.add(meta.key)
                 new_m.append(meta)
                 new_v.append(view)
-            victims, claim = self.claim(ti, len(new_m))
+            ns = _one_namespace(new_m)
+            victims, claim = self.claim(ti, len(new_m), ns)
         if victims:
-            claim = self.retire(ti, victims, claim)
+            claim = self.retire(ti, victims, claim, ns)
         write_m, write_v = new_m[:claim], new_v[:claim]
         try:
             stored = tier.write(write_m, write_v) if write_m else []
         finally:
             with self._st.lock:
-                self._st.claimed[ti] -= claim
+                self._st.unclaim(ti, claim, ns)
         ok_m = [m for m, ok in zip(write_m, stored) if ok]
         ok_v = [v for v, ok in zip(write_v, stored) if ok]
         self.admit(ti, ok_m)
@@ -123,23 +131,35 @@ class Room:
         if len(clean) > 2 * policy.capacity:  # keys that left by paths that do not say so
             clean.intersection_update(cast("list[bytes]", list(policy)))
 
-    def claim(self, ti: int, n: int) -> tuple[list[bytes], int]:
-        """Claim room for ``n`` more pages in tier ``ti`` (lock held): choose the victims whose
-        deletion makes it, and return them with the number of pages claimed (fewer than ``n``
-        when pinned pages leave no more to evict). The caller retires the victims outside the
-        lock and gives the claim back once it has admitted what it wrote."""
+    def claim(self, ti: int, n: int, namespace_id: bytes | None = None) -> tuple[list[bytes], int]:
+        """Claim room for ``n`` more pages of ``namespace_id`` in tier ``ti`` (lock held):
+        choose the victims whose deletion makes it, and return them with the number of pages
+        claimed (fewer than ``n`` when pinned pages leave no more to evict, or the namespace
+        is at its budget there with nothing of its own left to evict: kvstore.budgets). The
+        caller retires the victims outside the lock and gives the claim back once it has
+        admitted what it wrote."""
         if n <= 0:
             return [], 0
+        victims: list[bytes] = []
+        if namespace_id is not None and self._st.budgets.any(ti):
+            over = self._st.budgets.over(ti, namespace_id, n)
+            if over:  # its own pages make its room, never another namespace's
+                victims = self.choose_victims(ti, over, only=namespace_id)
+                n -= over - len(victims)
+                if n <= 0:
+                    return victims, 0
         tier, policy = self._st.tiers[ti], self._st.policies[ti]
         claimed, retiring = self._st.claimed[ti], self._st.retiring[ti]
         need = max(claimed + n - tier.free_pages - len(retiring) - len(self._st.deleting[ti]),
                    len(policy) + claimed + n - policy.capacity)
-        victims: list[bytes] = []
         if need > 0:
-            victims = self.choose_victims(ti, need)
-            self.cleaner.note_inline(ti, len(victims))
+            more = self.choose_victims(ti, need)
+            self.cleaner.note_inline(ti, len(more))
+            victims += more
         claim = max(0, min(n, policy.capacity - len(policy) - claimed))
         self._st.claimed[ti] += claim
+        if namespace_id is not None:
+            self._st.budgets.reserve(ti, namespace_id, claim)
         self.cleaner.check(ti)
         return victims, claim
 
@@ -162,16 +182,21 @@ class Room:
             self.retire(ti, victims)
         return len(victims)
 
-    def choose_victims(self, ti: int, n: int) -> list[bytes]:
+    def choose_victims(self, ti: int, n: int, only: bytes | None = None) -> list[bytes]:
         """Take up to ``n`` victims out of tier ``ti``'s policy (lock held); they are retiring
-        until :meth:`_retire` deletes them."""
+        until :meth:`_retire` deletes them. ``only``: victims of that namespace only."""
         tier, policy = self._st.tiers[ti], self._st.policies[ti]
         self._st.leases.expire()
         pins = self._st.leases.pins
         retention = self._st.retention
         retention.expire()
         held = retention.holds
-        if isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
+        if only is not None:
+            owner = self._st.budgets.owner
+            in_use = tier.is_in_use if isinstance(tier, OwnedPool) else (lambda k: False)
+            victims = cast("list[bytes]", policy.evict(
+                n, lambda k: owner(ti, k) != only or k in pins or held(k) or in_use(k)))
+        elif isinstance(tier, OwnedPool):  # blocks that running requests use are pinned too
             in_use = tier.is_in_use
             victims = cast("list[bytes]", policy.evict(
                 n, lambda k: k in pins or held(k) or in_use(k)))
@@ -186,7 +211,8 @@ class Room:
         self._st.removals += 1
         return victims
 
-    def retire(self, ti: int, victims: list[bytes], claim: int = 0) -> int:
+    def retire(self, ti: int, victims: list[bytes], claim: int = 0,
+               namespace_id: bytes | None = None) -> int:
         """Write ``victims`` back (write-back policy) and delete them from tier ``ti``. Called
         without the lock. A victim that a lease pinned since it was chosen is kept and goes back
         into the policy; the room it would have freed is taken off ``claim``, whose remainder
@@ -213,7 +239,7 @@ class Room:
                 else:
                     gone.append(k)
             give_up = min(spared, claim)
-            self._st.claimed[ti] -= give_up
+            self._st.unclaim(ti, give_up, namespace_id)
             spaces = self._st.namespaces_of(tier, gone)
             self._record_eviction(ti, gone, spaces)
             self._st.clean[ti].difference_update(gone)
@@ -238,7 +264,7 @@ class Room:
         below holds its copy -- a local tier's index tells; below a shared tier, the copy that
         reached it (``clean``) -- else *removed* (evicted)."""
         st = self._st
-        if st.events is None or not gone:
+        if not gone:
             return
         below = ti + 1 if ti + 1 < len(st.tiers) else None
         if below is None:
@@ -375,12 +401,11 @@ class Room:
                     self._st.record("removed", ti, tracked, [namespace_id] * len(tracked),
                                     reason="deleted")
                     continue
-                if self._st.listeners or self._st.events is not None:
-                    # which of them it held, and whose they were
-                    held = [k for k, here in zip(keys, tier.contains(keys)) if here]
-                    spaces = self._st.namespaces_of(tier, held)
-                    removed.append((tier.name, held, spaces))
-                    self._st.record("removed", ti, held, spaces, reason="deleted")
+                # which of them it held, and whose they were (a local index check)
+                held = [k for k, here in zip(keys, tier.contains(keys)) if here]
+                spaces = self._st.namespaces_of(tier, held)
+                removed.append((tier.name, held, spaces))
+                self._st.record("removed", ti, held, spaces, reason="deleted")
                 if self.deletes_slowly(tier):
                     self.begin_delete(ti, keys)
                     slow.append(ti)
@@ -396,6 +421,14 @@ class Room:
             for name, gone, spaces in removed:
                 self._st.listeners.emit("removed", name, gone, spaces)
         return n
+
+
+def _one_namespace(metas: Sequence[BlockMeta]) -> bytes | None:
+    """The namespace of ``metas`` when they share one (a budget applies), else None."""
+    if not metas:
+        return None
+    ns = metas[0].namespace_id
+    return ns if all(m.namespace_id == ns for m in metas) else None
 
 
 __all__ = ["Room"]

@@ -137,10 +137,11 @@ class StagingPath:
                 seen.add(meta.key)
                 new.append(meta)
             new = new[: t.capacity_pages]
-            victims, claim = self._room.claim(ti, len(new))
+            ns = new[0].namespace_id if new else None
+            victims, claim = self._room.claim(ti, len(new), ns)
             writing.update(m.key for m in new[:claim])
         if victims:
-            kept = self._room.retire(ti, victims, claim)
+            kept = self._room.retire(ti, victims, claim, ns)
             if kept < claim:
                 with self._st.lock:
                     writing.difference_update(m.key for m in new[kept:claim])
@@ -148,7 +149,7 @@ class StagingPath:
         slots = slab_tier.reserve(claim)
         if len(slots) < claim:  # physically short (pages still being read): give the rest up
             with self._st.lock:
-                self._st.claimed[ti] -= claim - len(slots)
+                self._st.unclaim(ti, claim - len(slots), ns)
                 writing.difference_update(m.key for m in new[len(slots):claim])
         got = tuple(new[: len(slots)])
         handle = StoreHandle(next(self._handle_ids), self._st.leases.owner, t.name, got,
@@ -181,7 +182,7 @@ class StagingPath:
         cast(SlabSlots, t).publish(held.slots, held.metas)
         t.count_writes(held.num_blocks)
         with self._st.lock:
-            self._st.claimed[ti] -= held.num_blocks
+            self._st.unclaim(ti, held.num_blocks, _namespace(held))
             self._st.writing[ti].difference_update(m.key for m in held.metas)
         self._room.admit(ti, held.metas)
         refused = held.refused
@@ -200,7 +201,7 @@ class StagingPath:
     def _unreserve(self, ti: int, held: StoreHandle) -> None:
         cast(SlabSlots, self._st.tiers[ti]).unreserve(held.slots)
         with self._st.lock:
-            self._st.claimed[ti] -= held.num_blocks
+            self._st.unclaim(ti, held.num_blocks, _namespace(held))
             self._st.writing[ti].difference_update(m.key for m in held.metas)
 
     def _check_handle(self, handle: Any, kind: str) -> None:
@@ -216,6 +217,10 @@ class StagingPath:
         if held is None:
             raise LeaseError(f"{kind} handle {handle.id} is unknown or already completed")
         return held
+
+
+def _namespace(handle: StoreHandle) -> bytes | None:
+    return handle.metas[0].namespace_id if handle.metas else None
 
 
 __all__ = ["StagingPath"]

@@ -42,7 +42,6 @@ write back on their own threads.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal, cast
@@ -53,14 +52,7 @@ from kvstore.buffers import page_views
 from kvstore.checks import check_count, check_keys, check_metas, check_namespace
 from kvstore.cleaner import DEFAULT_RESERVE, check_reserve
 from kvstore.errors import InvalidArgument
-from kvstore.event_log import (
-    DEFAULT_EVENT_LOG_EVENTS,
-    EventBatch,
-    EventLog,
-    Snapshot,
-    only_namespace,
-    snapshot_events,
-)
+from kvstore.event_log import DEFAULT_EVENT_LOG_EVENTS, EventBatch, Snapshot
 from kvstore.events import Listener
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
@@ -72,11 +64,13 @@ from kvstore.namespace_labels import NamespaceLabels, check_label
 from kvstore.namespace_stats import NamespaceCounters, NamespaceCounts
 from kvstore.policy import EvictionPolicy, make_policy
 from kvstore.reads import Reads
-from kvstore.retention import DEFAULT_MAX_PINNED_FRACTION, Pin, Retention
+from kvstore.retention import DEFAULT_MAX_PINNED_FRACTION, Pin, Retention, RetentionInfo
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.room import Room
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.staging_path import StagingPath
+from kvstore.store_events import StoreEvents
+from kvstore.store_retention import StoreRetention
 from kvstore.store_state import StoreState
 from kvstore.tiers.base import Tier
 from kvstore.tiers.hbm_owner import OwnedPool
@@ -153,6 +147,8 @@ class TieredStore:
         self._reads = Reads(st, self._room)
         self._lookups = Lookups(st)
         self._staging = StagingPath(st, self._room, self._reads)
+        self._events = StoreEvents(st)
+        self._retention = StoreRetention(st, clock)
         self.layout = layout
         #: the tiers, fastest first, and each one's eviction policy (the store's own lists)
         self.tiers, self.policies = st.tiers, st.policies
@@ -166,11 +162,13 @@ class TieredStore:
         #: who each namespace id is, as its users registered it (:meth:`label_namespace`)
         self.namespace_labels = NamespaceLabels()
         # Warm tiers (a disk index reopened after a restart) seed their policies.
-        for tier, policy in zip(self.tiers, self.policies):
+        for ti, (tier, policy) in enumerate(zip(self.tiers, self.policies)):
             for key in tier.keys():
                 meta = tier.meta(key)
                 if len(policy) < policy.capacity:
                     policy.insert(key, meta.parent if meta else None)
+                    if meta is not None:
+                        st.budgets.entered(ti, [key], [meta.namespace_id])
         # A pool an engine allocates from (hbm) evicts through the store: its policy, write-back.
         for ti, tier in enumerate(self.tiers):
             if isinstance(tier, OwnedPool):
@@ -396,7 +394,8 @@ class TieredStore:
         keys = list(keys)
         if namespace_id is not None:
             check_namespace(namespace_id)
-            self._refuse_foreign(keys, namespace_id, "deleted")
+            with self._st.lock:
+                self._retention.refuse_foreign(keys, namespace_id, "deleted")
         return self._room.delete(keys, namespace_id)
 
     def pin(self, namespace_id: bytes, keys: Sequence[bytes], *, ttl_s: float) -> Pin:
@@ -405,33 +404,21 @@ class TieredStore:
         a key not stored yet is kept once it arrives. InvalidArgument for a key another
         namespace holds, a TTL out of bounds, or pins past ``store.max_pinned_fraction``;
         nothing changes then."""
-        self._st.check_open()
-        check_keys(keys)
-        check_namespace(namespace_id)
-        keys = list(keys)
-        self._refuse_foreign(keys, namespace_id, "pinned")
-        with self._st.lock:
-            return self._st.retention.pin(namespace_id, keys, ttl_s)
+        return self._retention.pin(namespace_id, keys, ttl_s)
 
     def unpin(self, pin: Pin | int, *, namespace_id: bytes | None = None) -> bool:
-        """Remove a pin (its pages become evictable again). False when it lapsed or was
-        removed already; InvalidArgument for another namespace's pin."""
-        self._st.check_open()
-        pin_id = pin.id if isinstance(pin, Pin) else pin
-        ns = namespace_id if namespace_id is not None else (
-            pin.namespace_id if isinstance(pin, Pin) else None)
-        if ns is None:
-            raise InvalidArgument("unpin needs the pin's namespace", hint="pass namespace_id=")
-        check_namespace(ns)
-        with self._st.lock:
-            return self._st.retention.unpin(pin_id, ns)
+        """Remove a pin (its pages become evictable again). False when it lapsed, was removed
+        already, or is not one of ``namespace_id``'s (another tenant's pin ids are not told)."""
+        return self._retention.unpin(pin, namespace_id)
 
-    def _refuse_foreign(self, keys: list[bytes], namespace_id: bytes, what: str) -> None:
-        for k in keys:
-            holder = self.namespace_of(k)
-            if holder is not None and holder != namespace_id:
-                raise InvalidArgument(f"key {k.hex()} is held under another namespace; "
-                                      f"nothing was {what}")
+    def set_budget(self, namespace_id: bytes, tier: str, nbytes: int | None) -> None:
+        """Hold a namespace to ``nbytes`` of a tier (see :mod:`kvstore.budgets`; the contract
+        is :meth:`kvstore.api.StoreAPI.set_budget`)."""
+        self._retention.set_budget(namespace_id, tier, nbytes)
+
+    def retention(self, namespace_id: bytes) -> RetentionInfo:
+        """A namespace's live pins and, per tier, its bytes held, pinned and budgeted."""
+        return self._retention.info(namespace_id)
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(StoreEvent)`` for every page stored in or removed from a tier (see
@@ -455,56 +442,21 @@ class TieredStore:
         daemon's) is a gap. ``namespace_id``: only that namespace's keys (events left with none
         are dropped from the batch; the cursor still advances past them). InvalidArgument when
         the log is off (``store.event_log_events`` 0) or the cursor is not one the log gave."""
-        self._st.check_open()
-        log = self._event_log()
-        if cursor is None:
-            return EventBatch((), log.head, False, epoch=log.epoch)
-        batch = log.read(cursor, limit=limit, timeout_s=timeout_s, epoch=epoch)
-        if namespace_id is None or not batch.events:
-            return batch
-        return replace(batch, events=tuple(filter(None, (
-            only_namespace(ev, namespace_id) for ev in batch.events))))
+        return self._events.read(cursor, limit=limit, timeout_s=timeout_s, epoch=epoch,
+                                 namespace_id=namespace_id)
 
     def event_snapshot(self, *, namespace_id: bytes | None = None) -> Snapshot:
         """The store's contents as "stored" events (per tier and namespace), and the cursor
         from which :meth:`read_events` goes on, taken in one hold of the store lock: every
         event at or after that cursor happened after the snapshot. A shared tier's pages are
-        those this store tracks there (others' writes show up as they are read), with no
-        namespace (asking the server would be I/O under the lock). ``namespace_id``: only
-        that namespace's pages."""
-        self._st.check_open()
-        log = self._event_log()
-        with self._st.lock:
-            contents: dict[str, list[tuple[bytes, bytes | None]]] = {}
-            for ti, (tier, policy) in enumerate(zip(self.tiers, self.policies)):
-                keys = [*cast("list[bytes]", list(policy)), *self._st.retiring[ti]]
-                if tier.shared:
-                    contents[tier.name] = [(k, None) for k in keys]
-                else:
-                    contents[tier.name] = [
-                        (k, m.namespace_id if (m := tier.meta(k)) is not None else None)
-                        for k in keys]
-            snap = snapshot_events(contents, log.head, time.time(), log.epoch)
-        if namespace_id is None:
-            return snap
-        return replace(snap, events=tuple(filter(None, (
-            only_namespace(ev, namespace_id) for ev in snap.events))))
-
-    def _event_log(self) -> EventLog:
-        if self._st.events is None:
-            raise InvalidArgument("the store's event log is off",
-                                  hint="set store.event_log_events above 0")
-        return self._st.events
+        those this store tracks there (others' writes show up as they are read).
+        ``namespace_id``: only that namespace's pages."""
+        return self._events.snapshot(namespace_id)
 
     def namespace_of(self, key: bytes) -> bytes | None:
         """The namespace a local tier holds ``key`` under, or None (shared tiers are not asked:
         that would be a network call)."""
-        for t in self.tiers:
-            if not t.shared:
-                meta = t.meta(key)
-                if meta is not None:
-                    return meta.namespace_id
-        return None
+        return self._retention.namespace_of(key)
 
     def evict(self, n: int, *, tier: str | None = None) -> int:
         """Evict up to ``n`` pages from ``tier`` by its policy (write-back applies, outside the

@@ -29,6 +29,7 @@ from kvstore.metrics import Metrics
 from kvstore.mover import COPIES, Mover
 from kvstore.namespace_stats import NamespaceCounters
 from kvstore.policy import EvictionPolicy
+from kvstore.budgets import Budgets
 from kvstore.retention import Retention
 from kvstore.tiers.base import MissTally, Tier
 
@@ -68,6 +69,9 @@ class StoreState:
         self.events: EventLog | None = EventLog(event_log_events) if event_log_events else None
         #: retention pins: keys no eviction takes until their pins lapse (see kvstore.retention)
         self.retention = retention
+        #: which namespace owns each page of each tier, and its byte budgets (kvstore.budgets);
+        #: fed by :meth:`record`, so it follows every change the event log sees
+        self.budgets = Budgets([t.name for t in tiers], layout.page_bytes)
         #: each tier's hit counts of ``selective`` (a page copied down at selective_hits)
         self.hits: list[dict[bytes, int]] = [{} for _ in tiers]
         #: room claimed by writers that have not published yet
@@ -95,6 +99,13 @@ class StoreState:
         self.mover = Mover(switch_interval_ms)  # its threads start with its first job
         self.executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="kvstore-prefetch")
         self.closed = False
+
+    def unclaim(self, ti: int, n: int, namespace_id: bytes | None) -> None:
+        """Give back ``n`` pages of room a writer of ``namespace_id`` claimed in tier ``ti``
+        (lock held): it admitted them, or will not write them."""
+        self.claimed[ti] -= n
+        if namespace_id is not None:
+            self.budgets.release(ti, namespace_id, n)
 
     def check_open(self) -> None:
         if self.closed:
@@ -129,11 +140,22 @@ class StoreState:
     def record(self, kind: EventKind, ti: int, keys: Sequence[bytes],
                namespace_ids: Sequence[bytes | None], *, reason: str | None = None,
                to: int | None = None) -> None:
-        """Append an event about tier ``ti`` to the event log (lock held; nothing when the log
-        is off or ``keys`` is empty). ``to``: a move's destination tier."""
-        if self.events is not None and keys:
-            if len(namespace_ids) != len(keys):
-                namespace_ids = [None] * len(keys)
+        """Account for a change of tier ``ti`` (lock held; nothing when ``keys`` is empty) and
+        append it to the event log when that is on. ``to``: a move's destination tier. A
+        removal's unknown namespaces (a shared tier's) are filled from the accounting."""
+        if not keys:
+            return
+        if len(namespace_ids) != len(keys):
+            namespace_ids = [None] * len(keys)
+        budgets = self.budgets
+        if kind == "stored":
+            budgets.entered(ti, keys, namespace_ids)
+        else:  # removed or moved: the page left tier ti
+            known = budgets.left(ti, keys)
+            namespace_ids = [n if n is not None else k for n, k in zip(namespace_ids, known)]
+            if to is not None:
+                budgets.entered(to, keys, namespace_ids)
+        if self.events is not None:
             try:
                 self.events.append(kind, self.tiers[ti].name, keys, namespace_ids,
                                    reason=reason,
@@ -142,15 +164,11 @@ class StoreState:
                 pass  # a background job ending after close(): nobody reads the log any more
 
     def namespaces_of(self, tier: Tier, keys: Sequence[bytes]) -> list[bytes | None]:
-        """The namespace of each of ``keys`` in ``tier`` when someone listens or the event log
-        is on, and the tier can tell cheaply (not a shared tier: that would be a network
-        call)."""
-        if not (self.listeners or self.events is not None) or not keys:
-            return []
-        if tier.shared:
-            return [None] * len(keys)
-        metas = [tier.meta(k) for k in keys]
-        return [m.namespace_id if m is not None else None for m in metas]
+        """The namespace that owns each of ``keys`` in ``tier`` (lock held; None: not known
+        there), from the accounting: no tier call, so a shared tier's keys are answered too."""
+        ti = self.by_name[tier.name]
+        owner = self.budgets.owner
+        return [owner(ti, k) for k in keys]
 
     def scratch(self, n: int) -> list[np.ndarray]:
         """``n`` page buffers, 4 KiB aligned, so copies through a disk tier need no bounce."""

@@ -143,6 +143,8 @@ def show_config(config: ConfigOpt = None) -> None:
 
 
 register_admin_commands(app)  # kvstore stats, kvstore flush
+__import__("server.cli_index").cli_index.register(app)  # kvstore index route, kvstore index watch
+from server.cli_retention import register as register_retention; register_retention(app)
 
 
 if __name__ == "__main__":

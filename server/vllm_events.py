@@ -18,7 +18,8 @@ tier (vLLM: "secondary offloading tier identifier"), ``locality`` is LOCAL or RE
 tier). ``token_ids`` stays empty: events carry no prompt tokens (vLLM's publisher sends them;
 a router keyed by block hashes needs none). ``parent_block_hash`` is left unset.
 
-Access: bind an ``ipc://`` path (the socket file's permissions decide who reads), or a TCP
+Access: bind an ``ipc://`` path (the socket file's permissions decide who reads; an abstract
+``ipc://@name`` has none, and needs CURVE as TCP does), or a TCP
 address with CURVE (``curve_secret_key``: the publisher's Z85 secret key; subscribers must know
 its public key, see :func:`curve_keypair`) -- a subscriber without it receives nothing.
 """
@@ -69,7 +70,10 @@ class VllmEventPublisher:
                  curve_secret_key: str | None = None, poll_s: float = 0.1,
                  max_events: int = 1024) -> None:
         zmq, msgspec = _wire()
-        if not (endpoint.startswith("ipc://") or curve_secret_key is not None):
+        # an ipc:// path's file permissions decide who connects; Linux's abstract namespace
+        # (ipc://@name) has none
+        private = endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@")
+        if not (private or curve_secret_key is not None):
             raise InvalidArgument(
                 f"the KV-events endpoint {endpoint!r} would publish to anyone who connects",
                 hint="bind an ipc:// path, or give curve_secret_key (see curve_keypair())")
@@ -79,15 +83,20 @@ class VllmEventPublisher:
         self._medium = {name: MEDIUM.get(kind, "STORAGE") for name, kind in kinds.items()}
         self._remote = {t.name for t in store.tiers if t.shared}
         self._encode = msgspec.msgpack.Encoder().encode
+        # before the socket: a store whose log is off raises with nothing left open
+        self._cursor = store.read_events().next_cursor
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
-        if curve_secret_key is not None:
-            self._pub.curve_server = True
-            self._pub.curve_secretkey = curve_secret_key.encode()
-            self._pub.curve_publickey = zmq.curve_public(curve_secret_key.encode())
-        self._pub.bind(endpoint)
+        try:
+            if curve_secret_key is not None:
+                self._pub.curve_server = True
+                self._pub.curve_secretkey = curve_secret_key.encode()
+                self._pub.curve_publickey = zmq.curve_public(curve_secret_key.encode())
+            self._pub.bind(endpoint)
+        except BaseException:  # a bad key, an address in use: the socket is not left open
+            self._pub.close(linger=0)
+            raise
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._cursor = store.read_events().next_cursor
         self._seq = 0
         self._poll_s, self._max = poll_s, max_events
         self._stop = threading.Event()

@@ -49,13 +49,14 @@ from connector.daemon.stats import DaemonStats, DaemonTierStats
 from connector.daemon.views import DaemonNamespace, RemoteTier
 from connector.daemon.wire_events import events_from_wire
 from connector.daemon.wire_pages import WirePages
+from connector.daemon.wire_retention import budget_request, read_retention
 from connector.proto import kvstore_daemon_pb2 as pb
 from kvstore.checks import check_keys
 from kvstore.api import StoreAPI
 from kvstore.buffers import page_views
 from kvstore.errors import InvalidArgument, LeaseError, QuotaExceeded
 from kvstore.event_log import EventBatch, Snapshot
-from kvstore.retention import Pin
+from kvstore.retention import Pin, RetentionInfo
 from kvstore.keys import BlockMeta, pack_keys
 from kvstore.layout import KVLayout
 from kvstore.metrics import Metrics
@@ -494,6 +495,15 @@ class DaemonStore:
             pin.namespace_id if isinstance(pin, Pin) else None))
         return bool(self._session.call("Unpin", pb.UnpinRequest(namespace_id=ns,
                                                                 pin_id=pin_id)).removed)
+
+    def set_budget(self, namespace_id: bytes, tier: str, nbytes: int | None) -> None:
+        """As :meth:`TieredStore.set_budget`, on the daemon's store."""
+        req = budget_request(self._ns(namespace_id), tier, nbytes, self.tier_names)
+        self._session.call("SetBudget", req)
+
+    def retention(self, namespace_id: bytes) -> RetentionInfo:
+        """As :meth:`TieredStore.retention` (``expires_at`` on this process's monotonic clock)."""
+        return read_retention(self._session.call, self._ns(namespace_id))
 
     def read_events(self, cursor: int | None = None, *, limit: int = 1024,
                     timeout_s: float = 0.0, epoch: bytes | None = None,

@@ -459,6 +459,52 @@ class UnpinReply(_message.Message):
     removed: bool
     def __init__(self, removed: _Optional[bool] = ...) -> None: ...
 
+class SetBudgetRequest(_message.Message):
+    __slots__ = ("namespace_id", "tier", "nbytes")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    tier: str
+    nbytes: int
+    def __init__(self, namespace_id: _Optional[bytes] = ..., tier: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class RetentionRequest(_message.Message):
+    __slots__ = ("namespace_id",)
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ...) -> None: ...
+
+class HeldPin(_message.Message):
+    __slots__ = ("pin_id", "keys", "expires_in_s")
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    pin_id: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    expires_in_s: float
+    def __init__(self, pin_id: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
+class TierRetention(_message.Message):
+    __slots__ = ("tier", "used_bytes", "pinned_bytes", "budget_bytes")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    used_bytes: int
+    pinned_bytes: int
+    budget_bytes: int
+    def __init__(self, tier: _Optional[str] = ..., used_bytes: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
+
+class RetentionReply(_message.Message):
+    __slots__ = ("pins", "tiers")
+    PINS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    pins: _containers.RepeatedCompositeFieldContainer[HeldPin]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierRetention]
+    def __init__(self, pins: _Optional[_Iterable[_Union[HeldPin, _Mapping]]] = ..., tiers: _Optional[_Iterable[_Union[TierRetention, _Mapping]]] = ...) -> None: ...
+
 class ReadPagesRequest(_message.Message):
     __slots__ = ("namespace_id", "keys")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]

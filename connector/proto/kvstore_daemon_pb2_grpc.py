@@ -139,6 +139,16 @@ class KVStoreDaemonStub:
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinRequest.SerializeToString,
                 response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinReply.FromString,
                 _registered_method=True)
+        self.SetBudget = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/SetBudget',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.SetBudgetRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
+                _registered_method=True)
+        self.Retention = channel.unary_unary(
+                '/kvstore.daemon.v1.KVStoreDaemon/Retention',
+                request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.RetentionRequest.SerializeToString,
+                response_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.RetentionReply.FromString,
+                _registered_method=True)
         self.EventSnapshot = channel.unary_unary(
                 '/kvstore.daemon.v1.KVStoreDaemon/EventSnapshot',
                 request_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.EventSnapshotRequest.SerializeToString,
@@ -289,6 +299,18 @@ class KVStoreDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBudget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Retention(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EventSnapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -414,6 +436,16 @@ def add_KVStoreDaemonServicer_to_server(servicer, server):
                     servicer.Unpin,
                     request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinRequest.FromString,
                     response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.UnpinReply.SerializeToString,
+            ),
+            'SetBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBudget,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.SetBudgetRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.Empty.SerializeToString,
+            ),
+            'Retention': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retention,
+                    request_deserializer=connector_dot_proto_dot_kvstore__daemon__pb2.RetentionRequest.FromString,
+                    response_serializer=connector_dot_proto_dot_kvstore__daemon__pb2.RetentionReply.SerializeToString,
             ),
             'EventSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.EventSnapshot,
@@ -998,6 +1030,60 @@ class KVStoreDaemon:
             '/kvstore.daemon.v1.KVStoreDaemon/Unpin',
             connector_dot_proto_dot_kvstore__daemon__pb2.UnpinRequest.SerializeToString,
             connector_dot_proto_dot_kvstore__daemon__pb2.UnpinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/SetBudget',
+            connector_dot_proto_dot_kvstore__daemon__pb2.SetBudgetRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.daemon.v1.KVStoreDaemon/Retention',
+            connector_dot_proto_dot_kvstore__daemon__pb2.RetentionRequest.SerializeToString,
+            connector_dot_proto_dot_kvstore__daemon__pb2.RetentionReply.FromString,
             options,
             channel_credentials,
             insecure,

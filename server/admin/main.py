@@ -18,7 +18,8 @@ from kvstore.errors import InvalidArgument, KVStoreError
 from server.admin.deps import AdminSettings
 from server.admin.guard import Guard
 from server.admin.headers import SecurityHeaders
-from server.admin.routers import dashboard, events, health, lookup, namespaces, stats, tiers
+from server.admin.routers import (dashboard, events, health, lookup, namespaces, retention,
+                                  stats, tiers)
 from server.admin.service import AdminService, UnknownNamespace
 
 TITLE = "kvstore admin API"
@@ -59,7 +60,7 @@ def build_app(service: AdminService, settings: AdminSettings, *, own_service: bo
                                   "Every route but /healthz and /readyz needs the admin token.")
     app.state.service = service
     app.state.settings = settings
-    for r in (health, stats, lookup, namespaces, tiers, events, dashboard):
+    for r in (health, stats, lookup, namespaces, retention, tiers, events, dashboard):
         app.include_router(r.router)
     app.add_middleware(Guard, token=settings.token, open_paths=health.OPEN_PATHS,
                        max_body_bytes=settings.max_body_bytes)

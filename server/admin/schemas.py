@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from kvstore.namespace_labels import MAX_LABEL_BYTES
 from kvstore.policy import POLICIES
+from kvstore.retention import MAX_TTL_S
+from kvstore.sizes import parse_size
 
 HexKey = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{32}$", description="16 bytes as 32 hex digits")]
 #: at most this many blocks (or 64 times as many tokens) in one lookup
@@ -314,6 +316,62 @@ class PolicyOut(_Out):
     tier: str
     policy: str
     tracked_pages: int
+
+
+#: a byte size in a request: bytes, or a string with a binary unit as the config takes it
+SizeIn = Annotated[int, BeforeValidator(parse_size), Field(le=1 << 62), WithJsonSchema({
+    "anyOf": [{"type": "integer", "minimum": 0, "maximum": 1 << 62},
+              {"type": "string",
+               "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([bB]|[kKmMgGtTpP][iI][bB])?\s*$"}],
+    "description": "bytes (an integer), or a size with a binary unit as the config takes it: "
+                   "\"4GiB\", \"512MiB\" (no SI units such as \"4GB\")"})]
+
+
+class PinIn(_In):
+    """What to pin: exactly one of ``keys`` (block keys) and ``tokens`` (a prompt's token
+    ids, chained into keys from the path's namespace id, whole blocks only; the names of
+    /v1/lookup, ``block_keys`` and ``token_ids``, are taken too). ``namespace`` or
+    ``namespace_label``, when given, must name the path's namespace (a check against pinning
+    a prompt under the wrong one)."""
+
+    keys: list[HexKey] | None = Field(None, min_length=1, max_length=MAX_LOOKUP_BLOCKS,
+                                      validation_alias=AliasChoices("keys", "block_keys"))
+    tokens: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(
+        None, min_length=1, max_length=MAX_LOOKUP_BLOCKS * 64,
+        validation_alias=AliasChoices("tokens", "token_ids"))
+    namespace: NamespaceIn | None = None
+    namespace_label: str | None = Field(None, min_length=1, max_length=MAX_LABEL_BYTES)
+    ttl_s: float = Field(gt=0, le=MAX_TTL_S, description=(
+        f"seconds the pin lasts, at most {MAX_TTL_S:.0f} (30 days)"))
+
+
+class PinOut(_Out):
+    pin_id: int = Field(description="what DELETE .../pins/{pin_id} removes")
+    pages: int = Field(description="distinct pages (block keys) the pin holds")
+    expires_in_s: float = Field(description="seconds until it lapses")
+
+
+class UnpinOut(_Out):
+    removed: bool = Field(description="false: no such pin of this namespace (it lapsed, was "
+                                      "removed already, or never was)")
+
+
+class BudgetIn(_In):
+    bytes: SizeIn = Field(description="the most the namespace may hold in the tier (whole "
+                                      "pages: rounded down)")
+
+
+class TierRetentionOut(_Out):
+    tier: str
+    used_bytes: int = Field(description="bytes of the namespace's pages in the tier")
+    pinned_bytes: int = Field(description="of those, bytes its live pins hold")
+    budget_bytes: int | None = Field(description="its budget there (whole pages); null: none")
+
+
+class RetentionOut(_Out):
+    namespace_id: HexKey
+    pins: list[PinOut] = Field(description="live pins, oldest first")
+    tiers: list[TierRetentionOut]
 
 
 ERRORS: dict[int | str, dict[str, object]] = {

@@ -1,6 +1,7 @@
 """The admin API's domain layer over one :class:`~kvstore.store.TieredStore`: stats snapshots,
-readiness, where-is lookups, namespace flushes (as jobs with progress) and policy switches. It
-returns the wire models of :mod:`.schemas` but knows nothing of HTTP; the routers translate.
+readiness, where-is lookups, namespace flushes (as jobs with progress), policy switches and
+retention (a namespace's pins and byte budgets). It returns the wire models of :mod:`.schemas`
+but knows nothing of HTTP; the routers translate.
 
 Everything goes through the store's public API (``lookup``, ``delete``, ``set_policy``,
 ``tier(...).contains/keys/meta``), so a flush updates the policies and emits events like any
@@ -22,6 +23,7 @@ from kvstore.keys import Namespace, chain_keys, token_bytes
 from kvstore.metrics import TierStats
 from kvstore.namespace_stats import NamespaceCounts
 from kvstore.policy import POLICIES, EvictionPolicy
+from kvstore.retention import Pin
 from kvstore import Tier
 from kvstore.store import TieredStore
 from server.admin import schemas as s
@@ -90,6 +92,8 @@ class AdminService:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvstore-admin-flush")
         self._futures: dict[int, Future[None]] = {}
         self._ns_cache: tuple[float, dict[bytes, dict[str, int]]] = (0.0, {})
+        #: the store's clock, which pins expire by (TieredStore's default)
+        self.clock: Callable[[], float] = time.monotonic
 
     def start(self) -> None:
         self.sampler.start()
@@ -422,6 +426,71 @@ class AdminService:
         for t in self.store.tiers:
             job.tiers[t.name][2] += sum(t.contains(keys))
         self.store.delete(keys)
+
+    # ----------------------------------------------------------------- retention
+
+    def pin(self, namespace_id: bytes, req: s.PinIn) -> s.PinOut:
+        """Pin the pages ``req`` names in ``namespace_id`` for ``req.ttl_s`` (the store checks
+        the rest: another namespace's key, the bound on pinned pages; nothing changes then)."""
+        if (req.keys is None) == (req.tokens is None):
+            raise InvalidArgument("give exactly one of keys (block keys, hex) and tokens "
+                                  "(the prompt's token ids)")
+        if req.namespace is not None and req.namespace_label is not None:
+            raise InvalidArgument("give at most one of namespace and namespace_label")
+        if req.namespace is not None:
+            n = req.namespace
+            named = self._default_namespace(n.model_id, n.tenant_salt)
+            if named.id != namespace_id:
+                raise InvalidArgument(
+                    f"namespace {named.label!r} is {named.id.hex()}, not the path's "
+                    f"{namespace_id.hex()}", hint="pin under that id, or name its namespace")
+        elif req.namespace_label is not None:
+            labelled = self._id_of_label(req.namespace_label)
+            if labelled != namespace_id:
+                raise InvalidArgument(
+                    f"the namespace labelled {req.namespace_label!r} is {labelled.hex()}, not "
+                    f"the path's {namespace_id.hex()}", hint="pin under that id")
+        if req.tokens is not None:
+            # a namespace's id is its seed (kvstore.keys): a prompt chains from it
+            block = self.store.layout.block_size
+            keys = chain_keys(namespace_id, token_bytes(req.tokens), block)
+            if not keys:
+                raise InvalidArgument(f"{len(req.tokens)} token ids make no whole block of "
+                                      f"{block}: nothing to pin",
+                                      hint="only whole blocks are stored, hence pinned")
+        else:
+            keys = [bytes.fromhex(k) for k in req.keys or []]
+        held = self.store.pin(namespace_id, keys, ttl_s=req.ttl_s)
+        return self._pin_out(held)
+
+    def unpin(self, namespace_id: bytes, pin_id: int) -> s.UnpinOut:
+        return s.UnpinOut(removed=self.store.unpin(pin_id, namespace_id=namespace_id))
+
+    def set_budget(self, namespace_id: bytes, tier: str, nbytes: int | None) -> s.TierRetentionOut:
+        """Set (None: remove) a namespace's budget in ``tier``; its retention row there after."""
+        self._tier_named(tier, "/v1/namespaces/{id}/budgets/{tier}")
+        self.store.set_budget(namespace_id, tier, nbytes)
+        return next(t for t in self.retention(namespace_id).tiers if t.tier == tier)
+
+    def retention(self, namespace_id: bytes) -> s.RetentionOut:
+        info = self.store.retention(namespace_id)
+        return s.RetentionOut(
+            namespace_id=namespace_id.hex(), pins=[self._pin_out(p) for p in info.pins],
+            tiers=[s.TierRetentionOut(tier=t.tier, used_bytes=t.used_bytes,
+                                      pinned_bytes=t.pinned_bytes, budget_bytes=t.budget_bytes)
+                   for t in info.tiers])
+
+    def _pin_out(self, held: Pin) -> s.PinOut:
+        # Pin.expires_at is on the store's clock: time.monotonic, unless a library user gave
+        # the store another (the store does not expose it); the daemon's is the default
+        left = max(0.0, held.expires_at - self.clock())
+        return s.PinOut(pin_id=held.id, pages=len(held.keys), expires_in_s=round(left, 3))
+
+    def _tier_named(self, tier: str, route: str) -> None:
+        names = [t.name for t in self.store.tiers]
+        if tier not in names:
+            raise NotFound(f"no tier named {tier!r}; the tiers are {', '.join(names)}",
+                           hint=f"use one of {', '.join(names)} in {route}")
 
     # ----------------------------------------------------------------- policy
 

@@ -3,7 +3,9 @@
 Start: the configured tiers (or the embedded default: a host tier over a disk tier in the data
 directory), the host tier's slab in ``/dev/shm`` (0600), a gRPC server on a Unix socket (0600),
 the local lane beside it (``<socket>.lane``, 0600: :mod:`server.daemon.lane`) and, when
-configured, a gRPC server on TCP that needs the bearer token. One log line per listener.
+configured, a gRPC server on TCP that needs the bearer token, and the store's event log
+published as vLLM's KV events (``events.zmq_endpoint``: :mod:`server.vllm_events`, started
+before any listener, so that it sees every client's first save). One log line per listener.
 
 Stop (SIGTERM/SIGINT): health goes NOT_SERVING, session streams end (each client's handles are
 completed or aborted), in-flight calls get ``drain_timeout_s`` to finish, then the store closes
@@ -85,6 +87,7 @@ class Daemon:
     lane: LaneServer
     copy_pool: ThreadPoolExecutor
     admin: Any = None  # a server.admin.AdminServer when the admin API is on
+    publisher: Any = None  # a server.vllm_events.VllmEventPublisher when events.zmq_endpoint is set
 
     def stop(self) -> None:
         self.health.enter_graceful_shutdown()
@@ -97,6 +100,8 @@ class Daemon:
         grace = self.cfg.daemon.drain_timeout_s
         for ev in [s.stop(grace) for s in self.servers]:
             ev.wait(grace + 1)
+        if self.publisher is not None:  # once no client call changes the store any more
+            self.publisher.close()
         self.service.store.close()
         self.copy_pool.shutdown()
         self.slab.close()
@@ -155,6 +160,19 @@ def page_limits(dcfg: DaemonConfig, page_bytes: int, pages: int) -> tuple[int | 
 
 def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Path, pages: int,
                  host_name: str) -> Daemon:
+    publisher = _publish_events(cfg, store)
+    try:
+        daemon = _listen(cfg, store, slab, sock, pages, host_name)
+    except BaseException:
+        if publisher is not None:
+            publisher.close()
+        raise
+    daemon.publisher = publisher
+    return daemon
+
+
+def _listen(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Path, pages: int,
+            host_name: str) -> Daemon:
     dcfg, layout = cfg.daemon, store.layout
     quota, staging_pages = page_limits(dcfg, layout.page_bytes, pages)
     copy_pool = ThreadPoolExecutor(dcfg.copy_threads, thread_name_prefix="kvstore-copy")
@@ -229,6 +247,58 @@ def _serve_store(cfg: KVStoreConfig, store: Any, slab: shm.SharedSlab, sock: Pat
     for name in ("", SERVICE_NAME):
         hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     return daemon
+
+
+def _publish_events(cfg: KVStoreConfig, store: Any) -> Any:
+    """The vLLM-format KV-events publisher of ``events.zmq_endpoint`` (None when unset), reading
+    ``store``'s event log from now on. An ``ipc://`` socket file is created mode 0600."""
+    ecfg = cfg.events
+    if ecfg.zmq_endpoint is None:
+        return None
+    # imported only when on: a daemon without the publisher needs no pyzmq or msgspec
+    try:
+        import zmq
+    except ImportError:
+        raise ConfigError("events.zmq_endpoint is set, and publishing KV events needs pyzmq "
+                          "and msgspec", hint="pip install 'kvstore[events]'") from None
+    from server.vllm_events import VllmEventPublisher
+
+    endpoint = ecfg.zmq_endpoint
+    try:
+        key = ecfg.curve_secret_key()  # the key file is read again: it may have changed
+    except ValueError as exc:
+        raise ConfigError(f"events: {exc}", hint="fix the CURVE key") from None
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
+    if path.startswith("@"):  # Linux's abstract namespace: no file, no permissions
+        path = ""
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise ConfigError(f"events.zmq_endpoint {endpoint!r}: cannot create its directory: "
+                              f"{exc.strerror}", hint="give a path in a writable directory") from None
+    old = os.umask(0o177)  # an ipc:// socket file is created 0600, as the gRPC socket is
+    try:
+        publisher = VllmEventPublisher(store, endpoint, topic=ecfg.zmq_topic,
+                                       curve_secret_key=key)
+    except zmq.ZMQError as exc:  # in use, no such address: the operator's to fix
+        raise ConfigError(f"cannot bind events.zmq_endpoint {endpoint!r}: {exc}",
+                          hint="give a free address, or a path in a writable directory") from None
+    finally:
+        os.umask(old)
+    try:
+        if path:
+            os.chmod(path, 0o600)
+    except BaseException:
+        publisher.close()
+        raise
+    access = [] if not path else ["socket file mode 0600"]
+    if key is not None:
+        public = zmq.curve_public(key.encode()).decode()
+        access.append(f"CURVE: subscribers set curve_serverkey {public}")
+    log.info("publishing KV events (vLLM's format) on %s%s", publisher.endpoint,
+             f" ({'; '.join(access)})" if access else "")
+    return publisher
 
 
 def _serve_admin(cfg: KVStoreConfig, store: Any) -> Any:

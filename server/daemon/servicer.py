@@ -8,6 +8,7 @@ import functools
 import hmac
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from itertools import groupby
@@ -18,6 +19,7 @@ import numpy as np
 
 from connector.daemon.errors import message_of, status_of
 from connector.daemon.wire_events import events_to_wire
+from connector.daemon.wire_retention import budget_of, retention_to_wire
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore.errors import InvalidArgument, KVStoreError, QuotaExceeded
@@ -419,6 +421,18 @@ class Servicer(pb_grpc.KVStoreDaemonServicer):
     def Unpin(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.UnpinReply(removed=self.service.store.unpin(
             request.pin_id, namespace_id=check_namespace(request.namespace_id)))
+
+    @_unary
+    def SetBudget(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.service.store.set_budget(check_namespace(request.namespace_id), request.tier,
+                                      budget_of(request))
+        return pb.Empty()
+
+    @_unary
+    def Retention(self, request: Any, context: grpc.ServicerContext) -> Any:
+        info = self.service.store.retention(check_namespace(request.namespace_id))
+        # the store's clock is the default one (kvstore.build passes none): time.monotonic
+        return retention_to_wire(info, time.monotonic())
 
     @_unary
     def EventSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:

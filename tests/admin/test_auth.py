@@ -19,7 +19,8 @@ from kvstore.tiers.host import HostTier
 from server.admin import app_for
 from tests.admin.conftest import TOKEN, AdminDaemon
 
-PATH_VALUES = {"namespace_id": "00" * 16, "job_id": "1", "name": "host"}
+PATH_VALUES = {"namespace_id": "00" * 16, "job_id": "1", "name": "host", "pin_id": "1",
+               "tier": "host"}
 
 
 def every_route() -> list[tuple[str, str]]:
