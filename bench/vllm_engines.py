@@ -65,12 +65,15 @@ def engine_id(llm: Any) -> str:
 
 
 def generate(llm: Any, prompts: list[list[int]], *, max_tokens: int = 8,
-             cache_salt: str | None = None) -> list[tuple[list[int], int]]:
+             cache_salt: str | None = None,
+             kv_transfer_params: dict[str, Any] | None = None) -> list[tuple[list[int], int]]:
     """Greedy tokens and ``num_cached_tokens`` (vLLM's prefix-cache hits plus the tokens the
-    connector loaded) of each prompt."""
+    connector loaded) of each prompt. ``kv_transfer_params``: every request's (as an OpenAI
+    server request passes them)."""
     from vllm import SamplingParams
 
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    extra = None if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params}
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, extra_args=extra)
     inputs: list[Any] = []
     for p in prompts:
         item: dict[str, Any] = {"prompt_token_ids": list(p)}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from connector.base import ConnectorStats
@@ -141,6 +141,8 @@ class KVStoreVLLMStats:
     skipped_requests: dict[str, int]
     worker: ConnectorStats | None
     daemon_failures: dict[str, int]
+    #: requests whose ``kv_transfer_params`` asked a pin: ``made``, ``refused`` (logged)
+    pins: dict[str, int] = field(default_factory=dict)
 
     def counters(self, side: Literal["scheduler", "worker"]) -> dict[str, int]:
         """One side's totals as flat ``name`` / ``name:label`` counters (what vLLM's stats
@@ -151,6 +153,7 @@ class KVStoreVLLMStats:
             out["miss_tokens"] = self.missed_tokens
             out["pending_lookups"] = self.pending_lookups
             out.update({f"skipped_requests:{r}": n for r, n in self.skipped_requests.items()})
+            out.update({f"pins:{r}": n for r, n in self.pins.items()})
         else:
             w = self.worker
             if w is not None:
@@ -212,6 +215,7 @@ class EngineState:
         self.missed = 0
         self.pending = 0
         self.skipped: Counter[str] = Counter()
+        self.pins: Counter[str] = Counter()  # requests' pins (kv_transfer_params): made, refused
         self.users = 0
 
     def store_for(self, namespace_id: bytes) -> StoreAPI:
@@ -224,7 +228,8 @@ class EngineState:
     def stats(self) -> KVStoreVLLMStats:
         return KVStoreVLLMStats(
             dict(self.matched), self.missed, self.pending, dict(self.skipped),
-            self.worker.stats(), dict(self.daemon.failures) if self.daemon is not None else {})
+            self.worker.stats(), dict(self.daemon.failures) if self.daemon is not None else {},
+            dict(self.pins))
 
     def close(self) -> None:
         self.worker.close()

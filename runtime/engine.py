@@ -72,6 +72,8 @@ from typing import Any
 import torch
 
 from connector.base import KVCacheSpec, KVConnectorScheduler, KVConnectorWorker, LoadSpec
+from connector.inprocess import InProcessScheduler
+from connector.pin_request import PinRequest
 from kvstore.errors import InvalidArgument
 from kvstore.keys import Namespace
 from kvstore.pool import HBMTier, LocalOwner
@@ -225,11 +227,14 @@ class Engine:
         *,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        pin: PinRequest | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises InvalidArgument (and queues nothing) for an
         empty prompt, a token id outside ``[0, vocab_size)``, ``prompt + max_tokens`` longer than
         ``max_position_embeddings``, bad sampling params or a stop token outside the vocabulary,
-        and a request id already used."""
+        and a request id already used. ``pin``: keep the prompt's prefix cached in every tier
+        of the connector's store (:class:`~connector.pin_request.PinRequest`), pinned before
+        the request is queued; a pin the store refuses (past its bound) queues nothing."""
         cfg = self.model.config
         if params is None:
             params = SamplingParams()
@@ -262,6 +267,8 @@ class Engine:
         elif request_id in self._known_ids:
             raise InvalidArgument(f"request id {request_id!r} is already in use",
                                   hint="leave request_id unset to get a fresh one")
+        if pin is not None:
+            self._pin(ids, pin)
         # the checked array itself: the request copies it (outputs get plain ints from it)
         req = Request(request_id, ids, params,
                       self._clock() if arrival_time is None else arrival_time,
@@ -269,6 +276,15 @@ class Engine:
         self._known_ids.add(request_id)
         self.scheduler.add(req)
         return request_id
+
+    def _pin(self, ids: Sequence[int], pin: PinRequest) -> None:
+        if not isinstance(pin, PinRequest):
+            raise InvalidArgument(f"pin must be a PinRequest, got {type(pin).__name__}")
+        scheduler = self.connector.scheduler if self.connector is not None else None
+        if not isinstance(scheduler, InProcessScheduler):
+            raise InvalidArgument("a pin needs the engine's connector to the store",
+                                  hint="build the engine with a kvstore connector")
+        scheduler.pin_prefix(ids, pin)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -26,11 +26,13 @@ from connector.base import (
     SaveSpec,
 )
 from connector.inprocess.block_ids import check_block_ids
+from connector.pin_request import PinRequest
 from kvstore.api import StoreAPI
 from kvstore.checks import check_keys
 from kvstore.errors import InvalidArgument, LeaseError
 from kvstore.keys import BlockMeta, CheckedKeys, Namespace, chain_keys, token_bytes
 from kvstore.results import Lease, LookupResult
+from kvstore.retention import Pin
 
 
 def _host_index(store: StoreAPI, host_tier: str) -> int:
@@ -172,6 +174,17 @@ class InProcessScheduler(KVConnectorScheduler):
         self._matches[request_id] = _Match(keys if n == len(keys) else CheckedKeys(keys[:n]),
                                            lease, load_async, in_host if lease else 0)
         return LoadMatch(n * B, load_async, tuple(found.tiers[:n]))
+
+    def pin_prefix(self, token_ids: Sequence[int], want: PinRequest) -> Pin | None:
+        """Keep the whole blocks of ``token_ids``' first ``want.tokens`` (all) cached for
+        ``want.ttl_s`` in every tier (``StoreAPI.pin``; blocks not stored yet are kept once
+        they arrive). None when the prefix holds no whole block. InvalidArgument when the
+        store refuses (pins past ``store.max_pinned_fraction``), nothing pinned then."""
+        n = want.blocks(len(token_ids), self.block_size)
+        if n == 0:
+            return None
+        keys = self.namespace.chain(list(token_ids[: n * self.block_size])).keys
+        return self.store.pin(self.namespace.id, keys, ttl_s=want.ttl_s)
 
     def _given_keys(self, token_ids: Sequence[int], block_keys: Sequence[bytes],
                     max_blocks: int) -> Sequence[bytes]:

@@ -61,6 +61,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from connector.base import ConnectorMetadata, KVCacheSpec, LoadSpec, SaveSpec
 from connector.inprocess import InProcessScheduler
+from connector.pin_request import PinRequest
 from connector.vllm.layout import BLOCK_FORMATS, layout_for
 from connector.vllm.request_state import RequestState, count_loaded_only
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
@@ -195,7 +196,23 @@ class KVStoreConnector(KVConnectorBase_V1):
                 return None
             st = self._reqs[request.request_id] = RequestState(request, tuple(
                 self._scheduler(ns, r) for r, ns in enumerate(self._namespaces(request))))
+            self._pin(request, st)
         return st if st.scheds else None
+
+    def _pin(self, request: Request, st: RequestState) -> None:
+        """The request's ``kv_transfer_params`` may ask its prefix be pinned (see
+        connector.pin_request): pinned in every shard's namespace. A bad ask or a pin the store
+        refuses is logged and counted (stats ``pins:refused``); the request runs either way."""
+        try:
+            want = PinRequest.from_params(getattr(request, "kv_transfer_params", None))
+            if want is None:
+                return
+            for sched in st.scheds:
+                sched.pin_prefix(request.prompt_token_ids or [], want)
+            self._engine.pins["made"] += 1
+        except InvalidArgument as exc:
+            self._engine.pins["refused"] += 1
+            log.warning("request %s: its pin was not made: %s", request.request_id, exc)
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:

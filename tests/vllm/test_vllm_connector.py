@@ -295,3 +295,34 @@ def test_pending_redis_lookup_is_asked_again_and_loads(tiny_llama: str, expected
         assert m.get("vllm:kvstore_load_errors{miss}", 0) == 0
     finally:
         close_llm(llm)
+
+
+def test_a_request_pins_its_prefix_through_kv_transfer_params(tiny_llama: str,
+                                                               expected: list[list[int]]) -> None:
+    """``kv_transfer_params={"kvstore_pin_ttl_s": ..., "kvstore_pin_tokens": ...}`` pins the
+    prompt's prefix in the store (counted ``pins:made``): an explicit eviction of the host tier
+    leaves it, and it loads from there; a bad ask is counted ``pins:refused`` and the request
+    still runs."""
+    llm = make_llm(tiny_llama, kvstore_transfer_config({"tiers": [_host()]}))
+    try:
+        pin = {"kvstore_pin_ttl_s": 600, "kvstore_pin_tokens": len(PREFIX)}
+        assert generate(llm, [PROMPTS[0]], kv_transfer_params=pin)[0][0] == expected[0]
+        bad = {"kvstore_pin_ttl_s": -1}
+        assert generate(llm, [PROMPTS[1]], kv_transfer_params=bad)[0][0] == expected[1]
+        assert engine_stats(engine_id(llm)).pins == {"made": 1, "refused": 1}
+        generate(llm, [[(5 * i + 1) % 500 + 3 for i in range(6 * BLOCK_SIZE + 1)]])  # unpinned
+        store = engine_store(engine_id(llm))
+        deadline = time.monotonic() + 30
+        while store.open_store_handles:  # saves still being published (see _drop_host)
+            assert time.monotonic() < deadline, "saves still in flight after 30 s"
+            time.sleep(0.01)
+        store.drain()
+        host = store.tier("host")
+        assert store.evict(host.used_pages, tier="host") == 6  # all but the pinned prefix
+        store.drain()
+        assert host.used_pages == len(PREFIX) // BLOCK_SIZE
+        reset_prefix_cache(llm)
+        tokens, cached = generate(llm, [PROMPTS[0]])[0]
+        assert tokens == expected[0] and cached >= len(PREFIX) // BLOCK_SIZE * BLOCK_SIZE
+    finally:
+        close_llm(llm)
