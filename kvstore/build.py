@@ -61,6 +61,7 @@ def build_store(
             switch_interval_ms=s.switch_interval_ms,
             event_log_events=s.event_log_events,
             max_pinned_fraction=s.max_pinned_fraction,
+            event_token_ids=[bytes.fromhex(n) for n in s.event_token_ids],
             metrics=metrics,
         )
     except BaseException:

@@ -133,6 +133,11 @@ class StoreConfig(Strict):
     max_pinned_fraction: float = Field(DEFAULT_MAX_PINNED_FRACTION, ge=0.0, le=0.9, description=(
         "the share of the smallest local tier that retention pins (StoreAPI.pin) may hold "
         "together; a pin past it is refused"))
+    event_token_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] = Field(
+        default_factory=list, max_length=1024, description=(
+            "namespace ids (32 hex digits, as kvstore stats lists them) whose 'stored' events "
+            "carry their blocks' token ids -- the prompt's text, so an opt-in per namespace, "
+            "for routers that hash tokens themselves; default: no event carries token ids"))
 
 
 class ConnectorConfig(Strict):

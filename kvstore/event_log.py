@@ -72,6 +72,9 @@ class CacheEvent:
     to_tier: str | None = None
     #: cleared only: the namespace cleared (None: every namespace)
     namespace_id: bytes | None = None
+    #: stored only, and only for namespaces the operator opted in (``store.event_token_ids``):
+    #: per key, its block's token ids (int32 little-endian; b"" where not told); () for none
+    token_ids: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +159,8 @@ class EventLog:
 
     def append(self, kind: EventKind, tier: str, keys: Sequence[bytes],
                namespace_ids: Sequence[bytes | None], *, reason: str | None = None,
-               to_tier: str | None = None, namespace_id: bytes | None = None) -> int:
+               to_tier: str | None = None, namespace_id: bytes | None = None,
+               token_ids: Sequence[bytes] = ()) -> int:
         """Append one event and return its seq. O(1) apart from copying ``keys``.
 
         Raises InvalidArgument for a combination the kind does not allow (see the module
@@ -164,13 +168,18 @@ class EventLog:
         """
         keys = tuple(keys)
         namespace_ids = tuple(namespace_ids)
+        token_ids = tuple(token_ids)
         _validate(kind, tier, keys, namespace_ids, reason, to_tier, namespace_id)
+        if token_ids and (kind != "stored" or len(token_ids) != len(keys)):
+            raise InvalidArgument(f"token ids go on a 'stored' event, one per key: {kind!r} "
+                                  f"with {len(keys)} keys, {len(token_ids)} token ids")
         with self._lock:
             if self._closed:
                 raise StoreClosed("the event log")
             seq = self._head
             self._ring[(seq - 1) % self._capacity] = CacheEvent(
-                seq, time.time(), kind, tier, keys, namespace_ids, reason, to_tier, namespace_id)
+                seq, time.time(), kind, tier, keys, namespace_ids, reason, to_tier, namespace_id,
+                token_ids)
             self._head = seq + 1
             if self._size == self._capacity:
                 self._dropped += 1
@@ -284,7 +293,8 @@ def only_namespace(ev: CacheEvent, namespace_id: bytes) -> CacheEvent | None:
     if not idx:
         return None
     return replace(ev, keys=tuple(ev.keys[i] for i in idx),
-                   namespace_ids=tuple(ev.namespace_ids[i] for i in idx))
+                   namespace_ids=tuple(ev.namespace_ids[i] for i in idx),
+                   token_ids=tuple(ev.token_ids[i] for i in idx) if ev.token_ids else ())
 
 
 def snapshot_events(contents: Mapping[str, Iterable[tuple[bytes, bytes | None]]], cursor: int,

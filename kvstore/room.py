@@ -110,7 +110,8 @@ class Room:
                     entered.append(meta)
             self._entered(ti, [m.key for m in metas])
             self._st.record("stored", ti, [m.key for m in entered],
-                            [m.namespace_id for m in entered])
+                            [m.namespace_id for m in entered],
+                            token_ids=[m.token_ids for m in entered])
         if self._st.listeners and metas:
             self._st.listeners.emit("stored", tier.name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])
@@ -366,7 +367,8 @@ class Room:
                     entered.append(meta)
             self._entered(ti, [m.key for m in metas])
             self._st.record("stored", ti, [m.key for m in entered],
-                            [m.namespace_id for m in entered])
+                            [m.namespace_id for m in entered],
+                            token_ids=[m.token_ids for m in entered])
         if self._st.listeners:
             self._st.listeners.emit("stored", self._st.tiers[ti].name, [m.key for m in metas],
                                  [m.namespace_id for m in metas])

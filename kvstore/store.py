@@ -67,6 +67,7 @@ from kvstore.reads import Reads
 from kvstore.retention import DEFAULT_MAX_PINNED_FRACTION, Pin, Retention, RetentionInfo
 from kvstore.results import GetResult, Lease, LookupResult, PutResult, StoreStats
 from kvstore.room import Room
+from kvstore.store_pool_owner import StorePoolOwner
 from kvstore.staging import LoadHandle, StoreHandle
 from kvstore.staging_path import StagingPath
 from kvstore.store_events import StoreEvents
@@ -102,6 +103,7 @@ class TieredStore:
         switch_interval_ms: float = DEFAULT_SWITCH_INTERVAL_MS,
         event_log_events: int = DEFAULT_EVENT_LOG_EVENTS,
         max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION,
+        event_token_ids: Sequence[bytes] = (),
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -120,6 +122,8 @@ class TieredStore:
         check_count("selective_hits", selective_hits, 1)
         check_count("prefetch_workers", prefetch_workers, 1)
         check_count("event_log_events", event_log_events, 0)
+        for ns in event_token_ids:  # namespace ids whose events carry token ids
+            check_namespace(ns)
         if isinstance(max_pinned_fraction, bool) or not (
                 isinstance(max_pinned_fraction, (int, float)) and 0 <= max_pinned_fraction <= 0.9):
             raise InvalidArgument(f"max_pinned_fraction is a share of a tier in [0, 0.9], "
@@ -142,7 +146,8 @@ class TieredStore:
             bandwidth=BandwidthMeter(bandwidth_alpha), metrics=metrics,
             prefetch_workers=prefetch_workers, switch_interval_ms=switch_interval_ms,
             event_log_events=event_log_events,
-            retention=Retention(int(max_pinned_fraction * min(local)), clock))
+            retention=Retention(int(max_pinned_fraction * min(local)), clock),
+            event_token_ids=frozenset(event_token_ids))
         self._room = Room(st, free_reserve)
         self._reads = Reads(st, self._room)
         self._lookups = Lookups(st)
@@ -172,7 +177,7 @@ class TieredStore:
         # A pool an engine allocates from (hbm) evicts through the store: its policy, write-back.
         for ti, tier in enumerate(self.tiers):
             if isinstance(tier, OwnedPool):
-                tier.attach(_PoolOwner(st, self._room, ti))
+                tier.attach(StorePoolOwner(st, self._room, ti))
 
     # ----------------------------------------------------------------- lookup and leases
 
@@ -566,33 +571,6 @@ class TieredStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _PoolOwner:
-    """The store as the owner of pool tier ``ti`` (see kvstore.tiers.hbm_owner): victims by the
-    tier's policy, written back per the write policy (outside the store lock); commits and
-    reuses feed the policy; allocations keep the pool's free reserve (kvstore.cleaner)."""
-
-    def __init__(self, state: StoreState, room: Room, ti: int) -> None:
-        self._st, self._room, self._ti = state, room, ti
-
-    def reclaim(self, num_blocks: int) -> int:
-        # the allocation found the pool's free reserve used up: it evicts (and writes back) on
-        # the engine's thread, and the pool is cleaned ahead of need from now on
-        self._st.check_open()
-        freed = self._room.evict(self._ti, num_blocks)
-        self._room.cleaner.note_inline(self._ti, freed)
-        return freed
-
-    def on_allocate(self) -> None:
-        self._room.cleaner.check(self._ti)
-
-    def on_commit(self, metas: Sequence[BlockMeta]) -> None:
-        self._room.adopt(self._ti, metas)
-
-    def on_hit(self, keys: Sequence[bytes]) -> None:
-        with self._st.lock:
-            self._st.policies[self._ti].access_many(keys)
 
 
 #: the face, checked by mypy: TieredStore is a StoreAPI

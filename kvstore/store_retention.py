@@ -14,6 +14,7 @@ from kvstore.errors import KVStoreError
 from kvstore.retention import Pin, RetentionInfo, TierRetention
 from kvstore.retention_file import RetentionFile, SavedBudget, SavedPin
 from kvstore.store_state import StoreState
+from kvstore.tiers.hbm_owner import OwnedPool
 
 log = logging.getLogger("kvstore.retention")
 
@@ -93,6 +94,10 @@ class StoreRetention:
             raise InvalidArgument(f"a budget names its tier, got {tier!r}",
                                   hint=f"tiers are {list(st.by_name)}")
         ti = st.tier_index(tier)
+        if isinstance(st.tiers[ti], OwnedPool):
+            raise InvalidArgument(
+                f"tier {tier!r} is an engine's block pool: its blocks are allocated to running "
+                "requests, not budgeted", hint="budget the tiers below it (host, disk, redis)")
         with st.lock:
             st.budgets.set(ti, namespace_id, nbytes)
         self._save()

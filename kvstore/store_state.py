@@ -51,6 +51,7 @@ class StoreState:
         switch_interval_ms: float,
         event_log_events: int,
         retention: Retention,
+        event_token_ids: frozenset[bytes] = frozenset(),
     ) -> None:
         self.layout = layout
         self.tiers: list[Tier] = list(tiers)
@@ -67,6 +68,8 @@ class StoreState:
         #: every change of where a page lives, with a store-wide sequence number (None: off);
         #: appended under ``lock``, so a snapshot taken under it lines up with the log's head
         self.events: EventLog | None = EventLog(event_log_events) if event_log_events else None
+        #: namespaces whose "stored" events carry token ids (the operator's opt-in)
+        self.event_token_ids = event_token_ids
         #: retention pins: keys no eviction takes until their pins lapse (see kvstore.retention)
         self.retention = retention
         #: which namespace owns each page of each tier, and its byte budgets (kvstore.budgets);
@@ -139,7 +142,7 @@ class StoreState:
 
     def record(self, kind: EventKind, ti: int, keys: Sequence[bytes],
                namespace_ids: Sequence[bytes | None], *, reason: str | None = None,
-               to: int | None = None) -> None:
+               to: int | None = None, token_ids: Sequence[bytes] = ()) -> None:
         """Account for a change of tier ``ti`` (lock held; nothing when ``keys`` is empty) and
         append it to the event log when that is on. ``to``: a move's destination tier. A
         removal's unknown namespaces (a shared tier's) are filled from the accounting."""
@@ -156,10 +159,17 @@ class StoreState:
             if to is not None:
                 budgets.entered(to, keys, namespace_ids)
         if self.events is not None:
+            told: Sequence[bytes] = ()
+            if token_ids and self.event_token_ids:  # only the namespaces opted in
+                optin = self.event_token_ids
+                told = [t if n in optin else b"" for t, n in zip(token_ids, namespace_ids)]
+                if not any(told):
+                    told = ()
             try:
                 self.events.append(kind, self.tiers[ti].name, keys, namespace_ids,
                                    reason=reason,
-                                   to_tier=None if to is None else self.tiers[to].name)
+                                   to_tier=None if to is None else self.tiers[to].name,
+                                   token_ids=told)
             except StoreClosed:
                 pass  # a background job ending after close(): nobody reads the log any more
 

@@ -15,8 +15,10 @@ the topic, an 8-byte big-endian batch sequence number, and a msgpack ``KVEventBa
 
 ``medium`` is vLLM's (hbm: GPU, host: CPU, disk and redis: STORAGE); ``ownership`` names our
 tier (vLLM: "secondary offloading tier identifier"), ``locality`` is LOCAL or REMOTE (a shared
-tier). ``token_ids`` stays empty: events carry no prompt tokens (vLLM's publisher sends them;
-a router keyed by block hashes needs none). ``parent_block_hash`` is left unset.
+tier). ``token_ids`` stays empty -- events carry no prompt tokens (vLLM's publisher sends them;
+a router keyed by block hashes needs none) -- except for the namespaces an operator opted in
+(``store.event_token_ids``), whose BlockStored carry every block's tokens.
+``parent_block_hash`` is left unset.
 
 Access: bind an ``ipc://`` path (the socket file's permissions decide who reads; an abstract
 ``ipc://@name`` has none, and needs CURVE as TCP does), or a TCP
@@ -27,6 +29,7 @@ its public key, see :func:`curve_keypair`) -- a subscriber without it receives n
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -148,7 +151,7 @@ class VllmEventPublisher:
     def _convert(self, events: Iterable[CacheEvent]) -> Iterable[dict[str, Any]]:
         for ev in events:
             if ev.kind == "stored":
-                yield self._stored(ev.tier, ev.keys)
+                yield self._stored(ev.tier, ev.keys, ev.token_ids)
             elif ev.kind == "removed":
                 yield self._removed(ev.tier, ev.keys)
             elif ev.kind == "moved":
@@ -162,9 +165,13 @@ class VllmEventPublisher:
         return {"medium": self._medium.get(tier, "STORAGE"), "ownership": tier,
                 "locality": "REMOTE" if tier in self._remote else "LOCAL"}
 
-    def _stored(self, tier: str, keys: tuple[bytes, ...]) -> dict[str, Any]:
+    def _stored(self, tier: str, keys: tuple[bytes, ...],
+                token_ids: tuple[bytes, ...] = ()) -> dict[str, Any]:
+        # every block's tokens, or none: vLLM's field is one flat list for all the blocks
+        tokens = ([t for b in token_ids for t in struct.unpack(f"<{len(b) // 4}i", b)]
+                  if token_ids and all(token_ids) else [])
         return {"type": "BlockStored", "block_hashes": list(keys), "parent_block_hash": None,
-                "token_ids": [], "block_size": self._block_size, "lora_id": None,
+                "token_ids": tokens, "block_size": self._block_size, "lora_id": None,
                 "lora_name": None, **self._where(tier)}
 
     def _removed(self, tier: str, keys: tuple[bytes, ...]) -> dict[str, Any]:

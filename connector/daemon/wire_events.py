@@ -16,7 +16,8 @@ def events_to_wire(events: Iterable[CacheEvent]) -> list[Any]:
     """``events`` (already narrowed to one namespace) as ``LogEvent`` messages."""
     return [pb.LogEvent(seq=e.seq, at=e.at, kind=e.kind, tier=e.tier, keys=e.keys,
                         reason=e.reason or "", to_tier=e.to_tier or "",
-                        all_namespaces=e.kind == "cleared" and e.namespace_id is None)
+                        all_namespaces=e.kind == "cleared" and e.namespace_id is None,
+                        token_ids=e.token_ids)
             for e in events]
 
 
@@ -28,7 +29,8 @@ def events_from_wire(messages: Iterable[Any], namespace_id: bytes) -> tuple[Cach
         cleared_ns = None if m.all_namespaces else namespace_id
         out.append(CacheEvent(
             m.seq, m.at, cast(EventKind, m.kind), m.tier, keys, (namespace_id,) * len(keys),
-            m.reason or None, m.to_tier or None, cleared_ns if m.kind == "cleared" else None))
+            m.reason or None, m.to_tier or None, cleared_ns if m.kind == "cleared" else None,
+            tuple(m.token_ids) if len(m.token_ids) == len(keys) else ()))
     return tuple(out)
 
 

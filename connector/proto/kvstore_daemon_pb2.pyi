@@ -378,7 +378,7 @@ class ReadEventsRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., cursor: _Optional[int] = ..., epoch: _Optional[bytes] = ..., limit: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class LogEvent(_message.Message):
-    __slots__ = ("seq", "at", "kind", "tier", "keys", "reason", "to_tier", "all_namespaces")
+    __slots__ = ("seq", "at", "kind", "tier", "keys", "reason", "to_tier", "all_namespaces", "token_ids")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +387,7 @@ class LogEvent(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     TO_TIER_FIELD_NUMBER: _ClassVar[int]
     ALL_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     at: float
     kind: str
@@ -395,7 +396,8 @@ class LogEvent(_message.Message):
     reason: str
     to_tier: str
     all_namespaces: bool
-    def __init__(self, seq: _Optional[int] = ..., at: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., reason: _Optional[str] = ..., to_tier: _Optional[str] = ..., all_namespaces: _Optional[bool] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[float] = ..., kind: _Optional[str] = ..., tier: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., reason: _Optional[str] = ..., to_tier: _Optional[str] = ..., all_namespaces: _Optional[bool] = ..., token_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class EventBatchReply(_message.Message):
     __slots__ = ("events", "next_cursor", "gap", "closed", "epoch")

@@ -161,6 +161,12 @@ class NamespaceStats(NamespaceTraffic):
     bytes: int
     stored_pages: int = Field(description="pages stored into any tier since the admin API started")
     removed_pages: int = Field(description="pages removed from local tiers since then")
+    pins: int = Field(0, description="its live retention pins")
+    pinned_bytes: dict[str, int] = Field(
+        default_factory=dict, description="bytes its pins keep, per tier holding any")
+    budget_bytes: dict[str, int] = Field(
+        default_factory=dict, description="its byte budget, per tier that has one (use: bytes "
+                                          "of pages there, in GET /v1/namespaces/{id}/retention)")
 
 
 class StoreStatsOut(_Out):

@@ -23,7 +23,7 @@ from kvstore.keys import Namespace, chain_keys, token_bytes
 from kvstore.metrics import TierStats
 from kvstore.namespace_stats import NamespaceCounts
 from kvstore.policy import POLICIES, EvictionPolicy
-from kvstore.retention import Pin
+from kvstore.retention import Pin, RetentionInfo
 from kvstore import Tier
 from kvstore.store import TieredStore
 from server.admin import schemas as s
@@ -242,6 +242,7 @@ class AdminService:
             pages=held.get(ns, {}), bytes=sum(held.get(ns, {}).values()) * page,
             stored_pages=self.events.stored.get(ns, 0),
             removed_pages=self.events.removed.get(ns, 0),
+            **_retention_of(self.store.retention(ns)),
             **_traffic(traffic.get(ns), m1.namespaces.get(ns), m15.namespaces.get(ns)))
             for ns in top]
 
@@ -535,3 +536,12 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
             return lo_le + (le - lo_le) * ((target - lo_n) / span if span else 1.0)
         lo_le, lo_n = le, n
     return lo_le
+
+
+def _retention_of(info: RetentionInfo) -> dict[str, Any]:
+    """A namespace row's retention fields: pinned bytes and budgets, per tier where set."""
+    return {"pins": len(info.pins),
+            "pinned_bytes": {t.tier: t.pinned_bytes for t in info.tiers if t.pinned_bytes},
+            "budget_bytes": {t.tier: t.budget_bytes for t in info.tiers
+                             if t.budget_bytes is not None}}
+

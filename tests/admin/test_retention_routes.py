@@ -299,3 +299,17 @@ def test_on_a_live_daemon(admin_daemon: AdminDaemon, api: httpx.Client) -> None:
         assert r.status_code == 200 and r.json()["budget_bytes"] == 2 << 20
         r = api.put(base + "/budgets/nvme", json={"bytes": "2MiB"})
         assert r.status_code == 404 and "the tiers are host, disk" in r.json()["detail"]
+
+
+def test_stats_show_each_namespace_s_pins_and_budgets(store: TieredStore,
+                                                      rest: TestClient) -> None:
+    keys = put(store, A, PROMPT)
+    put(store, B, PROMPT, seed=1)
+    store.pin(A.id, keys[:3], ttl_s=600)
+    store.set_budget(B.id, "host", 6 * LAYOUT.page_bytes)
+    rows = {r["namespace_id"]: r for r in rest.get("/v1/stats").json()["namespaces"]}
+    a, b = rows[A.id.hex()], rows[B.id.hex()]
+    assert (a["pins"], a["pinned_bytes"], a["budget_bytes"]) == \
+        (1, {"host": 3 * LAYOUT.page_bytes}, {})
+    assert (b["pins"], b["pinned_bytes"], b["budget_bytes"]) == \
+        (0, {}, {"host": 6 * LAYOUT.page_bytes})

@@ -90,3 +90,15 @@ def test_vllm_kv_transfer_params_ask_a_pin_by_name() -> None:
     with pytest.raises(InvalidArgument, match="ttl_s"):
         PinRequest.from_params({"kvstore_pin_ttl_s": "forever"})
     assert PinRequest(10, tokens=40).blocks(100, 16) == 2 and PinRequest(10).blocks(100, 16) == 6
+
+
+def test_the_engine_s_pool_takes_no_budget(model) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(model, num_blocks=16, host_pages=16)
+    try:
+        ns = engine.namespace.id
+        with pytest.raises(InvalidArgument, match="block pool"):
+            engine.store.set_budget(ns, "hbm", 4 * engine.store.layout.page_bytes)
+        engine.store.set_budget(ns, "host", 4 * engine.store.layout.page_bytes)
+        assert engine.store.retention(ns).tiers[0].budget_bytes is None
+    finally:
+        engine.close()

@@ -167,3 +167,30 @@ def test_events_have_no_field_for_token_ids() -> None:
     # nor have the daemon's event messages (ReadEvents/EventSnapshot, WatchEvents)
     for message in (pb.LogEvent, pb.CacheEvent):
         assert not [f.name for f in message.DESCRIPTOR.fields if "token" in f.name]
+
+
+def test_token_ids_reach_a_daemon_client_only_for_a_namespace_opted_in(tmp_path: Path) -> None:
+    """``store.event_token_ids`` set by the operator (here through the environment): a client of
+    that namespace reads its blocks' token ids in ``ReadEvents``; another namespace's events
+    carry none."""
+    from connector.daemon import DaemonStore
+    from kvstore import KVLayout, Namespace
+    from tests.server.daemon_proc import TINY_LAYOUT, DaemonProc, write_config
+    from tests.store_api.test_conformance import _save
+
+    layout = KVLayout(**TINY_LAYOUT)  # type: ignore[arg-type]
+    told, untold = Namespace("tokens", layout, "told"), Namespace("tokens", layout, "untold")
+    tokens = list(range(500, 500 + 3 * layout.block_size))
+    env = {"KVSTORE_STORE__EVENT_TOKEN_IDS": f'["{told.id.hex()}"]'}
+    with DaemonProc(write_config(tmp_path, disk=None), env=env) as d, \
+            DaemonStore(d.target) as store:
+        for ns in (told, untold):
+            cursor = store.read_events(namespace_id=ns.id).next_cursor
+            _save(store, ns, tokens)
+            (event,) = store.read_events(cursor, namespace_id=ns.id).events
+            want = ns.chain(tokens)
+            assert event.keys == tuple(want.keys)
+            if ns is told:
+                assert event.token_ids == tuple(m.token_ids for m in want.metas())
+            else:
+                assert event.token_ids == ()

@@ -103,3 +103,31 @@ def test_a_publisher_that_fell_behind_clears_then_sends_the_contents(tmp_path: P
         sub.close(linger=0)
         pub.close()
         store.close()
+
+
+def test_a_namespace_opted_in_sends_its_token_ids_and_no_other_does(tmp_path: Path) -> None:
+    """``store.event_token_ids``: the namespaces whose BlockStored carry their blocks' tokens
+    (vLLM's flat ``token_ids``, decoded by vLLM's classes); every other namespace's carry none."""
+    other = type(NS)("vllm-events", LAYOUT, "not-opted-in")
+    store = TieredStore(LAYOUT, [build_tier({"kind": "host", "capacity": 16 * LAYOUT.page_bytes},
+                                            LAYOUT)], event_token_ids=[NS.id])
+    pub = VllmEventPublisher(store, f"ipc://{tmp_path}/kv-events")
+    sub = subscriber(pub.endpoint)
+    decode = msgspec.msgpack.Decoder(type=KVEventBatch).decode
+    try:
+        assert first_message(store, sub) is not None
+        drain(sub)
+        tokens = list(range(1000, 1000 + 4 * 3))
+        mine, theirs = NS.chain(tokens), other.chain(tokens)
+        store.put(mine.metas(), pages(3))
+        store.put(theirs.metas(), pages(3))
+        events = [ev for m in drain(sub) for ev in decode(m[2]).events
+                  if isinstance(ev, BlockStored)]
+        by_keys = {tuple(e.block_hashes): e.token_ids for e in events}
+        assert by_keys[tuple(mine.keys)] == tokens
+        assert by_keys[tuple(theirs.keys)] == []
+        log = store.read_events(1, limit=100).events
+        assert [e.token_ids for e in log if e.keys == tuple(theirs.keys)] == [()]
+    finally:
+        pub.close()
+        store.close()

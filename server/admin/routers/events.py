@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import re
 import time
 from collections.abc import AsyncIterator
@@ -88,5 +89,7 @@ def _sse(ev: CacheEvent, event_id: str | None) -> str:
     data = {"seq": ev.seq, "tier": ev.tier, "keys": [k.hex() for k in ev.keys],
             "namespace_ids": [n.hex() if n else None for n in ev.namespace_ids],
             "reason": ev.reason, "to_tier": ev.to_tier}
+    if ev.token_ids:  # a namespace the operator opted in (store.event_token_ids)
+        data["token_ids"] = [list(struct.unpack(f"<{len(t) // 4}i", t)) for t in ev.token_ids]
     head = f"id: {event_id}\n" if event_id else ""
     return f"{head}event: {ev.kind}\ndata: {json.dumps(data)}\n\n"
