@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from kvstore.errors import InvalidArgument, StoreClosed
 
@@ -118,7 +118,9 @@ class EventLog:
             raise InvalidArgument(f"event log capacity must be >= 1, got {capacity}",
                                   hint="give the number of events to retain")
         self._capacity = capacity
-        self._ring: list[CacheEvent | None] = [None] * capacity
+        # plain tuples, CacheEvent's fields in order: an append right after a page copy runs
+        # with cold caches, and a frozen dataclass's __init__ (a setattr per field) costs there
+        self._ring: list[tuple[Any, ...] | None] = [None] * capacity
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._head = 1      # seq of the next event
@@ -177,7 +179,7 @@ class EventLog:
             if self._closed:
                 raise StoreClosed("the event log")
             seq = self._head
-            self._ring[(seq - 1) % self._capacity] = CacheEvent(
+            self._ring[(seq - 1) % self._capacity] = (
                 seq, time.time(), kind, tier, keys, namespace_ids, reason, to_tier, namespace_id,
                 token_ids)
             self._head = seq + 1
@@ -231,9 +233,11 @@ class EventLog:
                 chunk = self._ring[start:end]
             else:
                 chunk = self._ring[start:] + self._ring[:end - self._capacity]
-            # every slot in [oldest, head) holds its event: None only before the first lap
-            events = cast("tuple[CacheEvent, ...]", tuple(chunk))
-            return EventBatch(events, cursor + n, False, self._closed, self.epoch)
+            closed = self._closed
+        # every slot in [oldest, head) holds its event: None only before the first lap; the
+        # events are made outside the lock (appends do not wait for a long read)
+        events = tuple(CacheEvent(*cast("tuple[Any, ...]", t)) for t in chunk)
+        return EventBatch(events, cursor + n, False, closed, self.epoch)
 
     def close(self) -> None:
         """Wake every waiting reader; later appends raise StoreClosed, reads return what is

@@ -93,6 +93,9 @@ def clear_hbm(engine: Engine) -> None:
     """Evict every cached block from the hbm pool (write-back copies them to host)."""
     engine.drain()
     assert engine.store is not None
+    # write-through copies of the last commits may still run on the store's mover: a block
+    # being copied down is not evictable until its copy is done
+    engine.store.drain()
     engine.store.evict(engine.pool.num_blocks, tier="hbm")
     assert engine.pool.num_free == engine.pool.num_blocks
 
