@@ -114,7 +114,7 @@ class EveryChange(RuleBasedStateMachine):
         tenant = OWNER[key]
         self.get(tenant, CHAINS[tenant].keys.index(key), 1)
 
-    @rule(tenant=st.sampled_from("ab"), tier=st.sampled_from(["host", "disk"]),
+    @rule(tenant=st.sampled_from("ab"), tier=st.sampled_from(["host", "disk", "redis"]),
           pages=st.none() | st.integers(1, 8))
     def set_budget(self, tenant: str, tier: str, pages: int | None) -> None:
         self.budgets[tenant, tier] = pages

@@ -5,7 +5,8 @@ connector: a prompt, ``reset_prefix_cache``, the same prompt again. Prints one `
 
 ``argv``: the model directory; the connector: the daemon's address, ``in-process`` (a host tier
 of its own, which this layout refuses) or ``none`` (vLLM without the plug-in); optionally
-``--tp N`` (``tensor_parallel_size``)."""
+``--tp N`` (``tensor_parallel_size``); ``--pin-ttl S --pin-tokens N``: the first request asks
+its prefix be pinned (``kv_transfer_params``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("connector")
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pin-ttl", type=float, default=None)
+    parser.add_argument("--pin-tokens", type=int, default=None)
     args = parser.parse_args()
     transfer = None
     if args.connector == "in-process":
@@ -33,7 +36,9 @@ def main() -> None:
         transfer = ve.kvstore_transfer_config({"daemon": args.connector})
     llm = ve.make_llm(args.model, transfer, tensor_parallel_size=args.tp)
     try:
-        first = ve.generate(llm, [PROMPTS[0]])[0]
+        pin = None if args.pin_ttl is None else {"kvstore_pin_ttl_s": args.pin_ttl,
+                                                  "kvstore_pin_tokens": args.pin_tokens}
+        first = ve.generate(llm, [PROMPTS[0]], kv_transfer_params=pin)[0]
         ve.reset_prefix_cache(llm)
         second = ve.generate(llm, [PROMPTS[0]])[0]
     finally:

@@ -19,11 +19,12 @@ from bench import vllm_engines as ve
 from connector.daemon import DaemonStore
 from kvstore.keys import Namespace, shard_model_id
 from tests.server.daemon_proc import ROOT, DaemonProc, write_config
-from tests.vllm.prompts import LOADABLE, PROMPTS
+from tests.vllm.prompts import LOADABLE, PREFIX, PROMPTS
 from tests.vllm.test_vllm_daemon import VLLM_LAYOUT
 
 
-def _child(model: str, target: str, tp: int = 1) -> subprocess.CompletedProcess[str]:
+def _child(model: str, target: str, tp: int = 1,
+           *extra: str) -> subprocess.CompletedProcess[str]:
     """vLLM in its default layout: no VLLM_ENABLE_V1_MULTIPROCESSING (conftest sets it for
     this process's engines). With ``tp`` > 1 each worker's threads get their share of this
     machine's cores: vLLM's CPU build binds one NUMA node per worker by itself and refuses
@@ -38,7 +39,7 @@ def _child(model: str, target: str, tp: int = 1) -> subprocess.CompletedProcess[
             ",".join(map(str, cpus[r * share:(r + 1) * share] or cpus[-1:])) for r in range(tp))
     return subprocess.run(
         [sys.executable, str(ROOT / "tests/vllm/default_layout_child.py"), model, target,
-         "--tp", str(tp)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+         "--tp", str(tp), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
 
 
 def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, list[list[int] | int]]:
@@ -61,6 +62,26 @@ def test_default_process_layout_loads_from_the_daemon(tiny_llama: str, expected:
             assert host.hits == LOADABLE // ve.BLOCK_SIZE and host.misses == 0
             assert st.integrity_error == ""
             assert (st.active_leases, st.open_load_handles, st.open_store_handles) == (0, 0, 0)
+
+
+@pytest.mark.timeout(600)
+def test_a_request_s_pin_reaches_the_daemon_in_the_default_layout(tiny_llama: str,
+                                                                   expected: list[list[int]],
+                                                                   tmp_path: Path) -> None:
+    """``kv_transfer_params`` asking a pin, with vLLM's scheduler in its EngineCore process: the
+    daemon holds the pin -- the prompt's prefix blocks under the engine's namespace, for the
+    TTL asked -- and the request's tokens are unchanged."""
+    cfg = write_config(tmp_path, host="64MiB", disk=None, layout=VLLM_LAYOUT)
+    with DaemonProc(cfg) as d:
+        out = _result(_child(tiny_llama, d.target, 1, "--pin-ttl", "600",
+                             "--pin-tokens", str(len(PREFIX))))
+        assert out["first"] == [expected[0], 0]
+        with DaemonStore(d.target) as c:
+            ns = Namespace(shard_model_id(tiny_llama, 0, 1), c.layout)
+            (pin,) = c.retention(ns.id).pins
+            assert pin.keys == tuple(ns.chain(PREFIX).keys)
+            host = {t.tier: t for t in c.retention(ns.id).tiers}["host"]
+            assert host.pinned_bytes == len(PREFIX) // ve.BLOCK_SIZE * c.layout.page_bytes
 
 
 @pytest.mark.timeout(600)
