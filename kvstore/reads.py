@@ -117,8 +117,6 @@ class Reads:
             # the server's own eviction, another node's delete)
             self._st.record("removed", ti, stale, [],
                             reason="expired" if tier.shared else "corrupt")
-        if stale and self._st.listeners:
-            self._st.listeners.emit("removed", tier.name, stale, [None] * len(stale))
         with self._st.lock:
             if policy.tracks_all(hit_keys):  # the usual case, in bulk (a 32K-token load: 2048)
                 untracked: list[bytes] = []

@@ -112,9 +112,6 @@ class Room:
             self._st.record("stored", ti, [m.key for m in entered],
                             [m.namespace_id for m in entered],
                             token_ids=[m.token_ids for m in entered])
-        if self._st.listeners and metas:
-            self._st.listeners.emit("stored", tier.name, [m.key for m in metas],
-                                 [m.namespace_id for m in metas])
 
     def _entered(self, ti: int, keys: list[bytes]) -> None:
         """``keys`` were just written to tier ``ti`` (lock held): each is clean there if the
@@ -256,8 +253,6 @@ class Room:
         if tier.shared:  # network I/O: outside the lock (its policy is a budget, see above)
             tier.delete(gone)
         tier.count_eviction(len(gone))
-        if self._st.listeners:
-            self._st.listeners.emit("removed", tier.name, gone, spaces)
         return claim - give_up
 
     def _record_eviction(self, ti: int, gone: list[bytes], spaces: list[bytes | None]) -> None:
@@ -369,9 +364,6 @@ class Room:
             self._st.record("stored", ti, [m.key for m in entered],
                             [m.namespace_id for m in entered],
                             token_ids=[m.token_ids for m in entered])
-        if self._st.listeners:
-            self._st.listeners.emit("stored", self._st.tiers[ti].name, [m.key for m in metas],
-                                 [m.namespace_id for m in metas])
         if self._st.write_policy == "write_through" and ti + 1 < len(self._st.tiers):
             self._st.background(self.copy_down, ti, [m.key for m in metas], "write_through")
 
@@ -389,7 +381,6 @@ class Room:
         caller's (checked against local tiers): a shared tier's removals carry it."""
         n = 0
         shared, slow = [], []
-        removed: list[tuple[str, list[bytes], list[bytes | None]]] = []
         with self._st.lock:
             for ti, tier in enumerate(self._st.tiers):
                 policy = self._st.policies[ti]
@@ -406,7 +397,6 @@ class Room:
                 # which of them it held, and whose they were (a local index check)
                 held = [k for k, here in zip(keys, tier.contains(keys)) if here]
                 spaces = self._st.namespaces_of(tier, held)
-                removed.append((tier.name, held, spaces))
                 self._st.record("removed", ti, held, spaces, reason="deleted")
                 if self.deletes_slowly(tier):
                     self.begin_delete(ti, keys)
@@ -418,10 +408,6 @@ class Room:
             n += self.delete_off_lock(ti, keys)
         for tier in shared:  # network I/O outside the lock
             n += tier.delete(keys)
-            removed.append((tier.name, keys, [None] * len(keys)))
-        if self._st.listeners:
-            for name, gone, spaces in removed:
-                self._st.listeners.emit("removed", name, gone, spaces)
         return n
 
 

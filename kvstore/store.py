@@ -53,7 +53,6 @@ from kvstore.checks import check_count, check_keys, check_metas, check_namespace
 from kvstore.cleaner import DEFAULT_RESERVE, check_reserve
 from kvstore.errors import InvalidArgument
 from kvstore.event_log import DEFAULT_EVENT_LOG_EVENTS, EventBatch, Snapshot
-from kvstore.events import Listener
 from kvstore.keys import BlockMeta
 from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
@@ -424,15 +423,6 @@ class TieredStore:
     def retention(self, namespace_id: bytes) -> RetentionInfo:
         """A namespace's live pins and, per tier, its bytes held, pinned and budgeted."""
         return self._retention.info(namespace_id)
-
-    def add_listener(self, listener: Listener) -> None:
-        """Call ``listener(StoreEvent)`` for every page stored in or removed from a tier (see
-        :mod:`kvstore.events`): puts, staging saves, engine commits, evictions, deletes."""
-        self._st.check_open()
-        self._st.listeners.add(listener)
-
-    def remove_listener(self, listener: Listener) -> None:
-        self._st.listeners.remove(listener)
 
     def read_events(self, cursor: int | None = None, *, limit: int = 1024,
                     timeout_s: float = 0.0, epoch: bytes | None = None,

@@ -22,7 +22,6 @@ from kvstore.bandwidth import BandwidthMeter
 from kvstore.buffers import aligned_pages
 from kvstore.errors import InvalidArgument, StoreClosed
 from kvstore.event_log import EventKind, EventLog
-from kvstore.events import Listeners
 from kvstore.layout import KVLayout
 from kvstore.leases import LeaseTable
 from kvstore.metrics import Metrics
@@ -64,7 +63,6 @@ class StoreState:
         self.leases = leases
         self.bw = bandwidth
         self.lock = threading.RLock()
-        self.listeners = Listeners()
         #: every change of where a page lives, with a store-wide sequence number (None: off);
         #: appended under ``lock``, so a snapshot taken under it lines up with the log's head
         self.events: EventLog | None = EventLog(event_log_events) if event_log_events else None

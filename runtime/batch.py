@@ -133,7 +133,7 @@ class _Slots:
 
     def _flush(self) -> None:
         if self._pos:
-            self._parts.append(tuple(np.array(v, dtype=np.int64)  # type: ignore[misc]
+            self._parts.append(tuple(np.array(v, dtype=np.int64)  # type: ignore[misc, arg-type]
                                      for v in (self._pos, self._blk, self._off)))
             self._pos, self._blk, self._off = [], [], []
 

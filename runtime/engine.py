@@ -286,6 +286,14 @@ class Engine:
                                   hint="build the engine with a kvstore connector")
         scheduler.pin_prefix(ids, pin)
 
+    def abort(self, request_id: str) -> bool:
+        """End a request before it finishes -- its client went away: it leaves the queue, or
+        gives its blocks back (transfers in flight delay them), and the next :meth:`step`
+        reports it with finish reason "abort". False when no unfinished request has that id
+        (finished already, or never added). Call it between steps (the engine is not
+        thread-safe)."""
+        return self.scheduler.abort(request_id)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

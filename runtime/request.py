@@ -25,7 +25,7 @@ import torch
 
 from runtime.sampling import SamplingParams
 
-FinishReason = Literal["stop", "length", "error"]
+FinishReason = Literal["stop", "length", "error", "abort"]
 
 
 class RequestStatus(enum.Enum):

@@ -516,6 +516,22 @@ class Scheduler:
         self._reset(req)
         req.released = True
 
+    def abort(self, request_id: str) -> bool:
+        """End request ``request_id`` before it finishes (between steps): a waiting one leaves
+        the queue (a connector lookup in flight for it ends too), a running one gives its
+        blocks back (transfers in flight delay them, as for any ending request). It is
+        reported finished with reason "abort". False when no unfinished request has that id."""
+        for req in self.waiting:
+            if req.request_id == request_id:
+                self.waiting.remove(req)
+                self._finish(req, "abort")
+                return True
+        for req in self.running:
+            if req.request_id == request_id:
+                self._finish(req, "abort")
+                return True
+        return False
+
     def _finish(self, req: Request, reason: str, *, error: str | None = None) -> None:
         if req in self.running:
             self.running.remove(req)

@@ -145,6 +145,7 @@ def show_config(config: ConfigOpt = None) -> None:
 register_admin_commands(app)  # kvstore stats, kvstore flush
 __import__("server.cli_index").cli_index.register(app)  # kvstore index route, kvstore index watch
 from server.cli_retention import register as register_retention; register_retention(app)
+__import__("server.engine_server.cli").engine_server.cli.register(app)  # kvstore engine serve
 
 
 if __name__ == "__main__":

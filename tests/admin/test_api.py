@@ -31,7 +31,10 @@ def load(d: AdminDaemon, n_blocks: int = 8, seed: int = 1) -> list[bytes]:
 
 def test_stats_metrics_and_readiness(admin_daemon: AdminDaemon, api: httpx.Client) -> None:
     load(admin_daemon)
-    st = api.get("/v1/stats").json()
+    deadline = time.monotonic() + 10  # the namespace counts follow the event log on a thread
+    while (st := api.get("/v1/stats").json())["namespaces"][0]["stored_pages"] < 16:
+        assert time.monotonic() < deadline, st["namespaces"]
+        time.sleep(0.05)
     host, disk = st["tiers"]
     assert (host["name"], host["used_pages"], host["policy"]) == ("host", 8, "lru")
     assert disk["used_pages"] == 8 and disk["bytes_in"] == 8 * host["page_bytes"]

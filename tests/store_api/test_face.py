@@ -18,9 +18,7 @@ IMPLEMENTATIONS = (TieredStore, DaemonStore)
 
 #: public methods only the in-process store has: its owner's controls (events, eviction, policy,
 #: integrity, the byte API) -- to move behind the face or out of the public surface
-IN_PROCESS_ONLY = {"add_listener", "drain", "evict", "get", "is_pinned",
-                   "namespace_of", "put",
-                   "remove_listener", "set_policy"}
+IN_PROCESS_ONLY = {"drain", "evict", "get", "is_pinned", "namespace_of", "put", "set_policy"}
 #: public methods only the daemon client has: its connection, the cross-node byte path, DMA
 DAEMON_ONLY = {"connected", "dma_registered", "peer_copy", "read_pages", "register_for_dma",
                "scoped", "shared_memory", "wait_connected", "watch", "write_pages"}

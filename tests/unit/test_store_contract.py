@@ -61,7 +61,6 @@ def test_a_lease_of_another_store_is_refused_and_changes_nothing() -> None:
     lambda s, h: s.count_declined(NS.id, 1),
     lambda s, h: s.read_bandwidth("host"),
     lambda s, h: s.set_policy("host", "lru"),
-    lambda s, h: s.add_listener(print),
     lambda s, h: s.prepare_load(NS.id, CHAIN.keys),
     lambda s, h: s.complete_load(h["load"]),
     lambda s, h: s.prepare_store(CHAIN.metas()),
@@ -70,10 +69,10 @@ def test_a_lease_of_another_store_is_refused_and_changes_nothing() -> None:
     lambda s, h: s.staging_tier(),
 ], ids=["lookup", "lookup_async", "put", "get", "prefetch", "delete", "evict", "stats",
         "check_integrity", "release", "narrow", "is_pinned", "count_declined", "read_bandwidth",
-        "set_policy", "add_listener", "prepare_load", "complete_load", "prepare_store",
+        "set_policy", "prepare_load", "complete_load", "prepare_store",
         "complete_store", "abort", "staging_tier"])
 def test_a_closed_store_refuses_work(call) -> None:  # type: ignore[no-untyped-def]
-    """Every call but teardown and introspection (drain, remove_listener, tier, closed), with
+    """Every call but teardown and introspection (drain, tier, closed), with
     the handles and leases it held when it closed too."""
     s = store(16)
     s.put(CHAIN.metas(0, 2), PAGES[:2])
@@ -204,25 +203,22 @@ def test_a_handle_of_another_store_is_refused() -> None:
     a.abort(h)
 
 
-def test_listeners_see_every_page_stored_and_removed() -> None:
-    from kvstore.events import StoreEvent
-
+def test_the_event_log_sees_every_page_stored_and_removed() -> None:
     s = store(3)
-    seen: list[StoreEvent] = []
-    s.add_listener(seen.append)
-    s.add_listener(lambda e: 1 / 0)  # a failing watcher changes nothing for the caller
+    cursor = s.read_events().next_cursor
     s.put(CHAIN.metas(0, 2), PAGES[:2])
     h = s.prepare_store(CHAIN.metas(2, 4))  # room for one more: block 0 (LRU) goes
     for m, slot in zip(h.metas, h.slots):
         h.slab[slot] = PAGES[CHAIN.keys.index(m.key)]
     s.complete_store(h)
     s.delete([CHAIN.keys[3]])
-    got = [(e.kind, e.keys, e.namespace_ids) for e in seen]
+    seen = s.read_events(cursor).events
+    got = [(e.kind, e.keys, e.namespace_ids, e.reason) for e in seen]
     assert got == [
-        ("stored", tuple(CHAIN.keys[:2]), (NS.id, NS.id)),
-        ("removed", (CHAIN.keys[0],), (NS.id,)),
-        ("stored", tuple(CHAIN.keys[2:4]), (NS.id, NS.id)),
-        ("removed", (CHAIN.keys[3],), (NS.id,)),
+        ("stored", tuple(CHAIN.keys[:2]), (NS.id, NS.id), None),
+        ("removed", (CHAIN.keys[0],), (NS.id,), "evicted"),
+        ("stored", tuple(CHAIN.keys[2:4]), (NS.id, NS.id), None),
+        ("removed", (CHAIN.keys[3],), (NS.id,), "deleted"),
     ]
     assert all(e.tier == "host" for e in seen)
     s.check_integrity()
