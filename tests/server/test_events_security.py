@@ -13,14 +13,15 @@ ids.
   (here); the publisher itself refuses one and CURVE keeps strangers out -- ``tests/server/test_vllm_events_access.py``, and for
   the daemon ``tests/server/test_daemon_vllm_publisher.py`` (ipc:// socket mode 0600, CURVE
   over TCP).
-* No token ids: our events have no field for them (here); the vLLM-format BlockStored always
-  has ``token_ids == []`` -- ``tests/server/test_daemon_vllm_publisher.py`` (a real daemon)
-  and ``tests/vllm/test_vllm_kv_events.py`` (vLLM's own classes).
+* No token ids unless the operator opts a namespace in (``store.event_token_ids``, empty by
+  default): a default store's events carry none, a daemon client reads them only for a
+  namespace opted in (here); the vLLM-format BlockStored has ``token_ids == []`` --
+  ``tests/server/test_daemon_vllm_publisher.py`` (a real daemon) -- but a namespace opted in
+  (``tests/vllm/test_vllm_kv_events.py``, vLLM's own classes).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from connector.daemon import DaemonStore
 from connector.proto import kvstore_daemon_pb2 as pb
 from connector.proto import kvstore_daemon_pb2_grpc as pb_grpc
 from kvstore import ConfigError, InvalidArgument, KVLayout, Namespace, load_config
-from kvstore.event_log import CacheEvent, Snapshot
+from kvstore.event_log import Snapshot
 from tests.server.daemon_proc import ROOT, TINY_LAYOUT, DaemonProc, write_config
 
 TOKEN = "events-security-token-for-tests"
@@ -160,13 +161,26 @@ def test_kvstore_serve_refuses_to_start_a_tcp_publisher_without_curve(tmp_path: 
         s.bind(("127.0.0.1", port))
 
 
-def test_events_have_no_field_for_token_ids() -> None:
-    fields = {f.name for f in dataclasses.fields(CacheEvent)}
-    assert fields == {"seq", "at", "kind", "tier", "keys", "namespace_ids", "reason", "to_tier",
-                      "namespace_id"}
-    # nor have the daemon's event messages (ReadEvents/EventSnapshot, WatchEvents)
-    for message in (pb.LogEvent, pb.CacheEvent):
-        assert not [f.name for f in message.DESCRIPTOR.fields if "token" in f.name]
+def test_by_default_no_event_carries_token_ids() -> None:
+    """Token ids travel only for namespaces an operator lists in ``store.event_token_ids``,
+    empty by default: a default store's events carry none, though its pages' metas have them."""
+    from kvstore import TieredStore, build_tier
+    from kvstore.config import StoreConfig
+
+    assert StoreConfig().event_token_ids == []
+    layout = KVLayout(1, 1, 16, 4, "float16")
+    ns = Namespace("tokens", layout)
+    store = TieredStore(layout, [build_tier({"kind": "host", "capacity": 8 * layout.page_bytes},
+                                            layout)])
+    try:
+        chain = ns.chain(list(range(12)))
+        assert all(m.token_ids for m in chain.metas())
+        cursor = store.read_events().next_cursor
+        store.put(chain.metas(), np.zeros((3, layout.page_bytes), np.uint8))
+        events = store.read_events(cursor).events
+        assert events and all(e.token_ids == () for e in events)
+    finally:
+        store.close()
 
 
 def test_token_ids_reach_a_daemon_client_only_for_a_namespace_opted_in(tmp_path: Path) -> None:
