@@ -12,13 +12,15 @@ Format (JSON, version 1)::
 Expiry is kept as wall-clock time (the store's clock is monotonic and restarts with the
 process); a pin that lapsed while the store was down is not restored. Written atomically
 (temporary file, fsync, rename, directory fsync), outside the store lock, newest state last
-(a writer that finds a newer write done skips its older one). A file that does not parse --
+(a writer that finds a newer write done skips its older one). A write that fails (a full disk)
+leaves the last good file as it was; the store logs it and the change holds in memory. A file that does not parse --
 damaged, or written by someone else -- is set aside as ``retention.json.bad`` and logged: the
 store starts with no retention rather than with a wrong one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -85,13 +87,18 @@ class RetentionFile:
             if version <= self._written:
                 return
             tmp = self.path.with_name(FILE_NAME + ".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, body)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    if os.write(fd, body) != len(body):
+                        raise OSError(errno.ENOSPC, "short write")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path)
+            except OSError:
+                tmp.unlink(missing_ok=True)  # the last good file stays as it was
+                raise
             dfd = os.open(self.path.parent, os.O_RDONLY)
             try:
                 os.fsync(dfd)

@@ -56,7 +56,11 @@ class StoreRetention:
                     for p in st.retention.all_pins()]
             budgets = [SavedBudget(ns, st.tiers[ti].name, pages * st.layout.page_bytes)
                        for ti, ns, pages in st.budgets.all()]
-        self._file.save(version, pins, budgets)
+        try:
+            self._file.save(version, pins, budgets)
+        except OSError as exc:  # a full or failing disk: the pin holds, in memory only
+            log.error("retention: could not save pins and budgets to %s (%s); they hold until "
+                      "this store stops", self._file.path, exc)
 
     def pin(self, namespace_id: bytes, keys: Sequence[bytes], ttl_s: float) -> Pin:
         st = self._st

@@ -121,3 +121,31 @@ def test_a_retention_file_someone_else_wrote_is_set_aside_not_trusted(tmp_path: 
         assert (tmp_path / "retention.json.bad").exists()
     finally:
         store.close()
+
+
+def test_a_full_disk_keeps_the_pin_in_memory_and_the_last_good_file(tmp_path: Path) -> None:
+    """The disk tier's filesystem fills up (a real 8 MiB tmpfs, filled by a file): a pin is
+    still made and holds in memory, the last good retention file stays as it was, no temporary
+    file is left behind; once there is room again the next change is saved."""
+    from tests.tiers.test_disk_faults import fill, small_filesystem
+
+    with small_filesystem(tmp_path, "tmpfs", 8) as mnt:
+        store = _store(mnt / "disk", Clock())
+        try:
+            keys = NS.chain(list(range(4 * 2))).keys
+            first = store.pin(NS.id, keys[:1], ttl_s=600)
+            saved = (mnt / "disk" / "retention.json").read_text()
+            filler = fill(mnt)
+            second = store.pin(NS.id, keys, ttl_s=600)
+            assert {p.id for p in store.retention(NS.id).pins} == {first.id, second.id}
+            assert (mnt / "disk" / "retention.json").read_text() == saved
+            assert not (mnt / "disk" / "retention.json.tmp").exists()
+            filler.unlink()
+            store.unpin(first)
+        finally:
+            store.close()
+        store = _store(mnt / "disk", Clock())
+        try:
+            assert [p.id for p in store.retention(NS.id).pins] == [second.id]
+        finally:
+            store.close()
