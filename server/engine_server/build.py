@@ -1,6 +1,7 @@
 """The engine a ``kvstore engine serve`` runs: a random-weight preset (``tiny``/``small``,
 byte tokenizer) through :meth:`Engine.from_config`, optionally over a host tier (then the
-engine gets the in-process KV connector, as in ``runtime.demo``'s host run)."""
+engine gets the in-process KV connector, as in ``runtime.demo``'s host run) or over a
+``kvstore serve`` daemon (``daemon``: engines on one node share its tiers)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,14 @@ class Served:
 
 def build_served(model: str = "tiny", *, seed: int = 0, num_blocks: int = 256,
                  block_size: int = 16, host_cache: str | int | None = None,
-                 device: str | None = None, capture_graphs_at_start: bool = True) -> Served:
-    """Raises InvalidArgument for a model outside :data:`SERVE_MODELS` or a bad size."""
+                 device: str | None = None, capture_graphs_at_start: bool = True,
+                 daemon: str | None = None, daemon_token: str | None = None) -> Served:
+    """Raises InvalidArgument for a model outside :data:`SERVE_MODELS`, a bad size, or both a
+    host cache and a daemon (the daemon owns the tiers); DaemonUnavailable when the daemon
+    cannot be reached."""
+    if daemon is not None and host_cache is not None:
+        raise InvalidArgument("give a host cache or a daemon, not both: the daemon owns the "
+                              "tiers", hint="drop --host-cache when serving over --daemon")
     if model not in SERVE_MODELS:
         raise InvalidArgument(f"model {model!r} is not served: pick one of {SERVE_MODELS}",
                               hint="checkpoint directories are not served yet")
@@ -50,6 +57,7 @@ def build_served(model: str = "tiny", *, seed: int = 0, num_blocks: int = 256,
                                   f"{layout.page_bytes} bytes", hint="e.g. --host-cache 256MiB")
         lower.append(build_tier({"kind": "host", "capacity": capacity}, layout))
     engine = Engine.from_config(model, seed=seed, num_blocks=num_blocks, block_size=block_size,
-                                device=dev, lower_tiers=lower,
+                                device=dev, lower_tiers=lower, daemon=daemon,
+                                daemon_token=daemon_token,
                                 capture_graphs_at_start=capture_graphs_at_start)
     return Served(engine, tok, model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -23,6 +24,9 @@ def serve(
     host_cache: Annotated[Optional[str], typer.Option(
         help="a host tier under the hbm pool, e.g. 256MiB (prefixes evicted from hbm are "
              "loaded back from it)")] = None,
+    daemon: Annotated[Optional[str], typer.Option(
+        help="a kvstore serve daemon to use as the store (unix:///path.sock, or host:port "
+             "with KVSTORE_DAEMON__TOKEN): engines on one node share its tiers")] = None,
     num_blocks: Annotated[int, typer.Option(min=1, help="hbm pool blocks")] = 256,
     seed: Annotated[int, typer.Option(min=0, help="random-weight seed")] = 0,
 ) -> None:
@@ -34,7 +38,8 @@ def serve(
     from server.engine_server.engine_loop import EngineLoop
 
     try:
-        served = build_served(model, seed=seed, num_blocks=num_blocks, host_cache=host_cache)
+        served = build_served(model, seed=seed, num_blocks=num_blocks, host_cache=host_cache,
+                              daemon=daemon, daemon_token=os.environ.get("KVSTORE_DAEMON__TOKEN"))
     except KVStoreError as exc:  # a bad option is a usage error: exit 2, as `kvstore demo`
         err.print(f"[red]error:[/red] {escape(exc.message)}")
         if exc.hint:
