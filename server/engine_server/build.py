@@ -30,7 +30,8 @@ class Served:
 def build_served(model: str = "tiny", *, seed: int = 0, num_blocks: int = 256,
                  block_size: int = 16, host_cache: str | int | None = None,
                  device: str | None = None, capture_graphs_at_start: bool = True,
-                 daemon: str | None = None, daemon_token: str | None = None) -> Served:
+                 daemon: str | None = None, daemon_token: str | None = None,
+                 prefix_cache: bool = True) -> Served:
     """Raises InvalidArgument for a model outside :data:`SERVE_MODELS`, a bad size, or both a
     host cache and a daemon (the daemon owns the tiers); DaemonUnavailable when the daemon
     cannot be reached."""
@@ -59,5 +60,6 @@ def build_served(model: str = "tiny", *, seed: int = 0, num_blocks: int = 256,
     engine = Engine.from_config(model, seed=seed, num_blocks=num_blocks, block_size=block_size,
                                 device=dev, lower_tiers=lower, daemon=daemon,
                                 daemon_token=daemon_token,
+                                enable_prefix_caching=prefix_cache,
                                 capture_graphs_at_start=capture_graphs_at_start)
     return Served(engine, tok, model)

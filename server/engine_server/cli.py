@@ -29,6 +29,10 @@ def serve(
              "with KVSTORE_DAEMON__TOKEN): engines on one node share its tiers")] = None,
     num_blocks: Annotated[int, typer.Option(min=1, help="hbm pool blocks")] = 256,
     seed: Annotated[int, typer.Option(min=0, help="random-weight seed")] = 0,
+    prefix_cache: Annotated[bool, typer.Option(
+        "--prefix-cache/--no-prefix-cache",
+        help="reuse cached prefixes (off: every prompt is computed -- the recompute "
+             "baseline)")] = True,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models and /health (OpenAI's API)."""
     import uvicorn
@@ -39,7 +43,8 @@ def serve(
 
     try:
         served = build_served(model, seed=seed, num_blocks=num_blocks, host_cache=host_cache,
-                              daemon=daemon, daemon_token=os.environ.get("KVSTORE_DAEMON__TOKEN"))
+                              daemon=daemon, daemon_token=os.environ.get("KVSTORE_DAEMON__TOKEN"),
+                              prefix_cache=prefix_cache)
     except KVStoreError as exc:  # a bad option is a usage error: exit 2, as `kvstore demo`
         err.print(f"[red]error:[/red] {escape(exc.message)}")
         if exc.hint:
