@@ -4,42 +4,20 @@ from the daemon's host tier, with the same greedy tokens; the daemon counts the 
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from connector.daemon import DaemonStore
 from runtime.config import get_model_config
-from server.engine_server.app import build_app
 from server.engine_server.build import build_served
-from server.engine_server.engine_loop import EngineLoop
+from tests.engine_server.serving import serving
 from tests.server.daemon_proc import DaemonProc, write_config
 
 BLOCK = 16
-
-
-def _serve(target: str) -> tuple[str, uvicorn.Server, threading.Thread, EngineLoop]:
-    served = build_served("tiny", seed=0, num_blocks=64, block_size=BLOCK, device="cpu",
-                          daemon=target)
-    loop = EngineLoop(served.engine)
-    app = build_app(loop, "tiny", served.tokenizer)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", srv, th, loop
 
 
 @pytest.fixture
@@ -58,8 +36,9 @@ def test_two_servers_share_a_prefix_through_the_daemon(daemon: DaemonProc) -> No
             "return_token_ids": True}
     answers = []
     for _ in range(2):  # each a fresh engine (its hbm pool empty) over the same daemon
-        url, srv, th, loop = _serve(daemon.target)
-        try:
+        served = build_served("tiny", seed=0, num_blocks=64, block_size=BLOCK, device="cpu",
+                              daemon=daemon.target)
+        with serving(served) as (url, loop):
             with httpx.Client(base_url=url, timeout=60) as c:
                 r = c.post("/v1/completions", json=body)
                 assert r.status_code == 200, r.text
@@ -68,10 +47,6 @@ def test_two_servers_share_a_prefix_through_the_daemon(daemon: DaemonProc) -> No
             while loop.engine.num_pending_frees or loop.engine.has_unfinished():
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-        finally:
-            srv.should_exit = True
-            th.join(30)
-        assert loop.error is None
     first, second = answers
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 4 * BLOCK

@@ -6,7 +6,6 @@ that disconnects mid-stream leaves no block held."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,13 +14,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
-import uvicorn
 
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
-from server.engine_server.app import build_app
 from server.engine_server.build import build_served
 from server.engine_server.engine_loop import EngineLoop
+from tests.engine_server.serving import serving
 
 SEED = 0
 BLOCK = 16
@@ -44,24 +42,9 @@ def reference(one_thread: None) -> Engine:
 
 @pytest.fixture(scope="module")
 def server(one_thread: None) -> Iterator[tuple[str, EngineLoop]]:
-    served = build_served("tiny", seed=SEED, num_blocks=64, block_size=BLOCK,
-                          host_cache="4MiB", device="cpu")
-    loop = EngineLoop(served.engine)
-    app = build_app(loop, "tiny", served.tokenizer)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and th.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", loop
-    srv.should_exit = True
-    th.join(30)
-    assert loop.error is None
+    with serving(build_served("tiny", seed=SEED, num_blocks=64, block_size=BLOCK,
+                              host_cache="4MiB", device="cpu")) as (url, loop):
+        yield url, loop
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 from kvstore import InvalidArgument, Namespace
 from tests.server.daemon_proc import DaemonProc, write_config
 from tests.store_api.conftest import LAYOUT, PAGES
+from tests.store_api.test_conformance import _page, _save
 
 PAGE = LAYOUT.page_bytes
 TOKENS = list(range(100, 100 + 6 * LAYOUT.block_size))
@@ -29,22 +30,10 @@ def _ns(salt: str) -> Namespace:
     return Namespace("budgets", LAYOUT, salt)
 
 
-def _page(key: bytes) -> np.ndarray:
-    rng = np.random.default_rng(int.from_bytes(key[:8], "little"))
-    return rng.integers(0, 256, PAGE, dtype=np.uint8)
-
-
 def _tokens(chain: int, pages: int) -> list[int]:
     """The tokens of ``pages`` pages, a prefix of its own per ``chain`` (no two share a page)."""
     start = 10_000 + chain * 1_000 * LAYOUT.block_size
     return list(range(start, start + pages * LAYOUT.block_size))
-
-
-def _save(store: Any, ns: Namespace, tokens: list[int]) -> Any:
-    h = store.prepare_store(ns.chain(tokens).metas())
-    for m, slot in zip(h.metas, h.slots):
-        h.slab[slot] = _page(m.key)
-    return store.complete_store(h)
 
 
 def _load(store: Any, ns: Namespace, keys: tuple[bytes, ...]) -> list[bool]:
